@@ -8,10 +8,18 @@ of k·b exactly, the short window included.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from trainkit.engine.data.loader import PreparedDataLoader
+
+class WindowedLoader(Protocol):
+    """What accumulation reads from a prepared dataloader (``WindowedLoader``), typed structurally so that
+    the data package depends on this module and not the other way round."""
+
+    end_of_dataloader: bool
+    remainder: int
+
+    def batches_left(self) -> int | None:
+        """Batches this rank will still get after the current one, or None when unknown."""
 
 
 class GradientState:
@@ -23,10 +31,10 @@ class GradientState:
         self.step = 0
         """Micro-batches seen by ``accumulate`` so far."""
         self.window_size = num_steps
-        self._dataloaders: list[PreparedDataLoader] = []
+        self._dataloaders: list[WindowedLoader] = []
 
     @property
-    def active_dataloader(self) -> PreparedDataLoader | None:
+    def active_dataloader(self) -> WindowedLoader | None:
         """The innermost prepared dataloader being iterated, if any."""
         return self._dataloaders[-1] if self._dataloaders else None
 
@@ -47,11 +55,11 @@ class GradientState:
         loader = self.active_dataloader
         return loader.remainder if loader is not None else -1
 
-    def push(self, loader: PreparedDataLoader) -> None:
+    def push(self, loader: WindowedLoader) -> None:
         """Called by a prepared dataloader when its iteration starts."""
         self._dataloaders.append(loader)
 
-    def pop(self, loader: PreparedDataLoader) -> None:
+    def pop(self, loader: WindowedLoader) -> None:
         """Called by a prepared dataloader when its iteration ends (or is abandoned)."""
         if loader in self._dataloaders:
             self._dataloaders.remove(loader)
