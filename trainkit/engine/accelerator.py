@@ -19,12 +19,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from trainkit.engine import collectives
-from trainkit.engine.accumulation import GradientState
+from trainkit.engine.accumulation import GradientState, sum_across_processes
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.precision import Precision
 from trainkit.engine.process_control import only_when, split_inputs
 from trainkit.engine.state import ProcessState
-from trainkit.engine.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
+from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.tracking import GeneralTracker, resolve_log_with, start_trackers
 from trainkit.engine.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
@@ -92,7 +92,6 @@ class Accelerator:
 
         precision = mixed_precision or (launch.mixed_precision if launch else None) or "no"
         scaler_kwargs = handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in handlers else None
-        self.precision = Precision(precision, self.state.device, scaler_kwargs)
 
         steps = gradient_accumulation_steps or (launch.gradient_accumulation_steps if launch else None) or 1
         if int(steps) < 1:
@@ -114,6 +113,7 @@ class Accelerator:
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
         self.strategy = self._choose_strategy(fsdp_plugin, launch, ddp_kwargs)
+        self.precision: Precision = self.strategy.build_precision(precision, scaler_kwargs)
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -129,13 +129,7 @@ class Accelerator:
             from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
 
             fsdp_plugin = FullyShardedDataParallelPlugin.from_options(launch.fsdp_config)
-        if fsdp_plugin is not None:
-            from trainkit.engine.strategies.fsdp import FSDPStrategy
-
-            return FSDPStrategy(self.state, fsdp_plugin, self.precision)
-        if self.state.world_size > 1:
-            return DDPStrategy(self.state, ddp_kwargs)
-        return SingleDeviceStrategy(self.state)
+        return select_strategy(StrategyRequest(self.state, fsdp_plugin=fsdp_plugin, ddp_kwargs=ddp_kwargs))
 
     # -- identity ---------------------------------------------------------------------------------
     @property
@@ -257,10 +251,32 @@ class Accelerator:
         """Backward without gradient communication (local accumulation)."""
         return self.strategy.no_sync(model)
 
+    def open_accumulation_window(self, num_micro_batches: int, local_items: torch.Tensor | int | None = None, *,
+                                 same_items_on_every_process: bool = False) -> torch.Tensor | int | None:
+        """Start an explicit accumulation window (the Trainer's); return its loss items summed over processes.
+
+        The next ``num_micro_batches`` ``accumulate`` blocks sync gradients only at the last, and ``backward``
+        treats each loss as this process's share of the window's global loss (weighted by the caller, e.g. by
+        ``local items / returned total``). ``same_items_on_every_process`` skips the collective.
+        """
+        global_items = local_items
+        if local_items is not None:
+            global_items = sum_across_processes(
+                local_items, self.num_processes,
+                lambda count: self.reduce(torch.as_tensor(count, device=self.device), reduction="sum"),
+                same_on_every_process=same_items_on_every_process)
+        self.gradient_state.open_window(num_micro_batches, global_items)
+        return global_items
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` divided by the accumulation window's length (loss-scaled under fp16)."""
-        if self.gradient_state.num_steps > 1:
-            loss = loss / self.gradient_state.window_size
+        """Backpropagate ``loss`` normalised for its accumulation window (loss-scaled under fp16).
+
+        In ``accumulate`` windows the loss is divided by the window's length; in an explicit window
+        (:meth:`open_accumulation_window`) it is a share of the global loss and is scaled only as the
+        strategy's gradient reduction requires.
+        """
+        loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
+                                                  self.num_processes)
         self.precision.backward(loss, **kwargs)
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:

@@ -24,11 +24,16 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 class Precision:
     """Autocast and loss scaling for one of ``"no"``, ``"bf16"``, ``"fp16"`` on ``device``."""
 
-    def __init__(self, mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None,
+                 scaler_class: type[torch.amp.GradScaler] | None = None) -> None:
+        """``scaler_class``: the fp16 loss scaler's class, chosen by the strategy (FSDP: ``ShardedGradScaler``)."""
         self.mode = check_choice("mixed_precision", mode, PRECISIONS, where="Accelerator(mixed_precision=...)")
         self.device = device
         self.dtype: torch.dtype | None = _DTYPES.get(self.mode)
-        self.scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {})) if self.mode == "fp16" else None
+        self.scaler_kwargs: dict[str, Any] = dict(scaler_kwargs or {})
+        """The GradScaler settings (GradScalerKwargs) this precision was built with."""
+        scaler_class = scaler_class or torch.amp.GradScaler
+        self.scaler = scaler_class(device.type, **self.scaler_kwargs) if self.mode == "fp16" else None
         self._unscaled: set[int] = set()
 
     @property

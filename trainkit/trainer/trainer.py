@@ -1,14 +1,14 @@
 """The Trainer: transformers' Trainer API over trainkit's engine, with a training loop that fits on one screen.
 
 Everything a user may change is a small method (compute_loss, training_step, prediction_step,
-create_optimizer, create_scheduler, get_*_dataloader, log, evaluate). The Trainer owns gradient
-accumulation: it reads a whole window of micro-batches, counts its loss items on every process, and
-weights each micro-batch's mean loss by its share, so k micro-batches of b equal one batch of k·b.
+create_optimizer, create_scheduler, get_*_dataloader, log, evaluate). Accumulation is the engine's: the
+Trainer reads a whole window of micro-batches, opens it in the engine (which counts its loss items on every
+process and decides when gradients sync), and keeps only its weighting policy: each micro-batch's mean loss
+weighted by its share of the window's items, so k micro-batches of b equal one batch of k·b.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+from trainkit.engine.accumulation import accumulation_windows
 
 from . import checkpoints, resume
 from .arguments import TrainingArguments
@@ -45,7 +47,7 @@ from .data import (
 from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
 from .meter import TrainingMeter
 from .optim import build_optimizer, build_scheduler, parameter_groups
-from .plan import TrainingPlan, accumulation_windows, training_plan
+from .plan import TrainingPlan, training_plan
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +132,8 @@ class Trainer:
         args = self.args
         kwargs: dict[str, Any] = dict(
             mixed_precision=args.mixed_precision,
-            # The Trainer accumulates itself (it must count the window's items first), so the engine steps every call.
-            gradient_accumulation_steps=1,
+            # The engine's accumulation, in explicit windows: the Trainer reads a window and counts its items first.
+            gradient_accumulation_steps=args.gradient_accumulation_steps,
             cpu=args.use_cpu or None,
             dataloader_config=DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed),
             log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
@@ -325,26 +327,29 @@ class Trainer:
         """Forward and backward every micro-batch of one window; gradients are exchanged after the last only."""
         accelerator = self.accelerator
         num_items = sum(self._count_items(inputs) for inputs in window)
-        if accelerator.num_processes > 1:
-            fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
-            if isinstance(num_items, int) and fixed_batches and accelerator.even_batches:
-                num_items *= accelerator.num_processes  # every rank's batches have one size: no collective needed
-            else:
-                num_items = accelerator.reduce(torch.as_tensor(num_items, device=accelerator.device), reduction="sum")
+        fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
+        # Every rank's batches have one size: the sample count is the same everywhere, no collective needed.
+        num_items = accelerator.open_accumulation_window(
+            len(window), num_items,
+            same_items_on_every_process=isinstance(num_items, int) and fixed_batches and accelerator.even_batches)
         token_mode = self.args.include_num_input_tokens_seen
         window_loss = None
         for index, inputs in enumerate(window):
-            last = index == len(window) - 1
-            with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            with accelerator.accumulate(model):
                 step_loss = self.training_step(model, inputs, num_items)
             window_loss = step_loss if window_loss is None else window_loss + step_loss
             self.meter.add_micro_batch(samples_in(inputs), tokens_in(inputs, self.main_input_name, token_mode == "non_padding"))
-            if not last:
+            if index < len(window) - 1:
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
         self.meter.add_step(window_loss, self.args.logging_nan_inf_filter)
 
     def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
-        """Forward and backward one micro-batch; return its (detached) share of the window's mean loss."""
+        """Forward and backward one micro-batch; return its (detached) share of the window's mean loss.
+
+        The weighting policy is transformers': a micro-batch's mean loss weighted by its share of the window's
+        items on all processes (or divided by the accumulation steps when items are not counted). The engine's
+        ``backward`` turns that share into gradients of the window's loss, whatever the strategy's reduction.
+        """
         loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         scaled_for_window = self.loss_is_scaled_for_ga
         if scaled_for_window is None:
@@ -355,8 +360,7 @@ class Trainer:
             else:
                 # A mean over this micro-batch's items, weighted by its share of the window's items on all processes.
                 loss = loss * (self._count_items(inputs) / num_items_in_batch)
-        # DDP and FSDP average gradients over processes; the window's loss is a sum over them.
-        self.accelerator.backward(loss * self.accelerator.num_processes if self.accelerator.num_processes > 1 else loss)
+        self.accelerator.backward(loss)
         return loss.detach()
 
     def compute_loss(self, model: nn.Module, inputs: Any, return_outputs: bool = False,

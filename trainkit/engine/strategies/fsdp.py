@@ -32,7 +32,7 @@ from trainkit.engine.precision import Precision
 from trainkit.engine.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
-from .base import Strategy
+from .base import Strategy, StrategyCapabilities, StrategyRequest
 
 logger = logging.getLogger(__name__)
 
@@ -42,32 +42,31 @@ class FSDPStrategy(Strategy):
 
     distributed_type = DistributedType.FSDP
     wants_autocast = True
+    # fp16: each rank sees only its gradient shard, so an overflow must be agreed on by all ranks.
+    capabilities = StrategyCapabilities(shards_parameters=True, supports_no_sync=True, needs_sharded_grad_scaler=True,
+                                        replaces_parameters=True, gradient_reduction="mean")
 
-    def __init__(self, state: ProcessState, plugin: FullyShardedDataParallelPlugin, precision: Precision) -> None:
+    def __init__(self, state: ProcessState, plugin: FullyShardedDataParallelPlugin,
+                 precision: Precision | None = None) -> None:
+        """``precision``: settings to rebuild with this strategy's scaler (the Accelerator calls ``build_precision``)."""
         super().__init__(state)
         self.plugin = plugin
         self.options = plugin.options
-        self.precision = precision
         # id(original parameter) -> (weak reference to it, its sharded replacement): lets an optimizer
         # built before prepare() find the DTensor parameter that replaced each of its parameters.
         self._replacements: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
-        self._use_sharded_grad_scaler()
+        if precision is not None:
+            self.build_precision(precision.mode, precision.scaler_kwargs)
         self._notice_cpu_fallback()
         if self.options.ignored_keys:
             logger.info("FSDP options without effect under FSDP2: %s", ", ".join(self.options.ignored_keys))
 
-    def _use_sharded_grad_scaler(self) -> None:
-        """fp16: each rank sees only its gradient shard, so an overflow must be agreed on by all ranks."""
-        scaler = self.precision.scaler
-        if scaler is None:
-            return
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        # GradScaler keeps its settings in private fields only; copy them so GradScalerKwargs still apply.
-        self.precision.scaler = ShardedGradScaler(
-            self.device.type, init_scale=scaler._init_scale, growth_factor=scaler._growth_factor,
-            backoff_factor=scaler._backoff_factor, growth_interval=scaler._growth_interval, enabled=scaler._enabled,
-        )
+    @classmethod
+    def from_request(cls, request: StrategyRequest) -> FSDPStrategy:
+        """FSDP2 with the script's (or the launcher's) plugin."""
+        if request.fsdp_plugin is None:
+            raise ValueError("The FSDP strategy needs an fsdp_plugin (or a launcher config with distributed_type: FSDP).")
+        return cls(request.state, request.fsdp_plugin)
 
     def _notice_cpu_fallback(self) -> None:
         """A launcher config that did not ask for CPU, on a machine without GPUs: say so once, then go on."""
@@ -132,7 +131,7 @@ class FSDPStrategy(Strategy):
         explicit = self.plugin.explicit_mp_policy()
         if explicit is not None:
             return explicit, explicit
-        return sharding.mixed_precision_policies(self.plugin.param_dtype(default=self.precision.dtype))
+        return sharding.mixed_precision_policies(self.plugin.param_dtype(default=self.precision.dtype if self.precision else None))
 
     def _remember_replacements(self, originals: dict[str, nn.Parameter], model: nn.Module) -> None:
         sharded = dict(model.named_parameters(remove_duplicate=False))
