@@ -84,7 +84,7 @@ class Accelerator:
         even_batches: bool | None = None,
     ) -> None:
         launch = _launch_config()
-        handlers = {type(h): h for h in (kwargs_handlers or [])}
+        handlers: dict[type, Any] = {type(h): h for h in (kwargs_handlers or [])}
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         use_cpu = cpu if cpu is not None else bool(launch and launch.use_cpu)
         self.state = ProcessState.get(cpu=use_cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
@@ -322,8 +322,9 @@ class Accelerator:
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
         """Place and wrap one model (autocast forward under mixed precision)."""
         if self.precision.enabled and self.strategy.wants_autocast and not hasattr(model, "_trainkit_original_forward"):
-            model._trainkit_original_forward = model.forward
-            model.forward = self.precision.wrap_forward(model.forward)
+            # Instance attributes shadow the class's forward; setattr because nn.Module types attributes as tensors.
+            setattr(model, "_trainkit_original_forward", model.forward)
+            setattr(model, "forward", self.precision.wrap_forward(model.forward))
         wrapped = model.to(self.device) if evaluation_mode else self.strategy.wrap_model(model)
         self._models.append(wrapped)
         return wrapped

@@ -23,7 +23,7 @@ def recursively_apply(function: Callable[[torch.Tensor], Any], data: Any) -> Any
         return function(data)
     if isinstance(data, Mapping):
         applied = {key: recursively_apply(function, value) for key, value in data.items()}
-        return applied if type(data) is dict else type(data)(applied)
+        return applied if type(data) is dict else type(data)(applied)  # type: ignore[call-arg]  # Mapping subclasses take a dict
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(recursively_apply(function, v) for v in data))
     if isinstance(data, (list, tuple)):

@@ -31,7 +31,7 @@ def _deduplicate(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.T
     kept: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     for name, tensor in state_dict.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
         if tensor.numel() and key in seen:
             aliases[name] = seen[key]
             continue

@@ -176,7 +176,7 @@ def shard_model(model: nn.Module, units: Sequence[nn.Module], mesh: DeviceMesh, 
                 ignored_params=ignored)
 
 
-def wire_prefetch(units: Sequence[nn.Module], *, forward_prefetch: bool, backward_prefetch: str) -> None:
+def wire_prefetch(units: Sequence[nn.Module], *, forward_prefetch: bool, backward_prefetch: str | None) -> None:
     """Explicit FSDP2 prefetching between consecutive units (in forward order).
 
     forward_prefetch: each unit starts the next unit's all-gather before running its own forward.
@@ -243,7 +243,8 @@ def materialize_from_rank0(model: nn.Module, kept: dict[str, dict[str, torch.Ten
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     model.to_empty(device=device)
-    set_model_state_dict(model, kept["state"] if rank == 0 else {},
+    full_state: dict[str, Any] = kept["state"] if rank == 0 else {}
+    set_model_state_dict(model, full_state,
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     for name, buffer in model.named_buffers(remove_duplicate=False):
         if rank == 0:

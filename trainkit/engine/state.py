@@ -13,6 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -75,7 +76,10 @@ def read_launch_environment(environ: dict[str, str] | None = None) -> LaunchEnvi
     if "SLURM_PROCID" in env and int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
         world = int(env["SLURM_STEP_NUM_TASKS"])
         tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_NTASKS_PER_NODE", str(world)))
-        local_world = int(re.match(r"\d+", tasks_per_node).group())  # "4(x2)" -> 4
+        leading = re.match(r"\d+", tasks_per_node)  # "4(x2)" -> 4
+        if leading is None:
+            raise ValueError(f"Cannot read the tasks per node from Slurm's {tasks_per_node!r} (expected e.g. '4' or '4(x2)').")
+        local_world = int(leading.group())
         return LaunchEnvironment(
             rank=int(env["SLURM_PROCID"]),
             world_size=world,
@@ -154,7 +158,7 @@ class ProcessState:
             # A one-process group needs no rendezvous: an in-memory store is enough.
             dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self.timeout)
         else:
-            kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
+            kwargs: dict[str, Any] = {"device_id": self.device} if self.device.type == "cuda" else {}
             dist.init_process_group(
                 self.backend, rank=self.rank, world_size=self.world_size, timeout=self.timeout, **kwargs
             )

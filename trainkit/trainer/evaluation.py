@@ -11,13 +11,39 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from torch import nn
+
+    from trainkit.engine.accelerator import Accelerator
+
+    from .arguments import TrainingArguments
+    from .callbacks import CallbackHandler, TrainerControl, TrainerState
+
 logger = logging.getLogger(__name__)
+
+
+class EvaluatedTrainer(Protocol):
+    """What :func:`evaluation_loop` uses of a Trainer (typed structurally: trainer.py imports this module)."""
+
+    args: TrainingArguments
+    accelerator: Accelerator
+    model_wrapped: nn.Module
+    callback_handler: CallbackHandler
+    state: TrainerState
+    control: TrainerControl
+    compute_metrics: Callable[[EvalPrediction], dict[str, Any]] | None
+    preprocess_logits_for_metrics: Callable[[Any, Any], Any] | None
+
+    def prediction_step(self, model: nn.Module, inputs: Any, prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
+        """(loss, predictions, labels) of one batch, without gradients."""
+        ...
 
 PAD_INDEX = -100
 
@@ -138,7 +164,7 @@ def _batch_size(inputs) -> int | None:
     return None
 
 
-def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only: bool | None = None,
+def evaluation_loop(trainer: EvaluatedTrainer, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
                     ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
     """Run ``trainer.prediction_step`` over ``dataloader`` (already prepared) and gather exact results."""
     args, accelerator = trainer.args, trainer.accelerator

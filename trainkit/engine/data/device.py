@@ -16,7 +16,7 @@ def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) 
         if not isinstance(data, dict) and hasattr(data, "to"):
             return data.to(device)  # BatchEncoding knows how to move itself
         moved = {key: send_to_device(value, device, non_blocking) for key, value in data.items()}
-        return moved if type(data) is dict else type(data)(moved)
+        return moved if type(data) is dict else type(data)(moved)  # type: ignore[call-arg]  # Mapping subclasses take a dict
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
         return type(data)(*(send_to_device(v, device, non_blocking) for v in data))
     if isinstance(data, (list, tuple)):

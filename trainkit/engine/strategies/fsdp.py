@@ -19,7 +19,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -154,10 +154,11 @@ class FSDPStrategy(Strategy):
         optimizer = getattr(optimizer, "optimizer", optimizer)
         for group in optimizer.param_groups:
             params = []
+            param: torch.Tensor
             for param in group["params"]:
                 entry = self._replacements.get(id(param))
                 if entry is not None and entry[0]() is param:
-                    replacement = entry[1]
+                    replacement = cast(DTensor, entry[1])
                     if param in optimizer.state:
                         optimizer.state[replacement] = _shard_state(optimizer.state.pop(param), replacement)
                     param = replacement
@@ -235,7 +236,7 @@ class FSDPStrategy(Strategy):
 
 
 @contextlib.contextmanager
-def _gradient_sync_paused(model: nn.Module) -> Iterator[None]:
+def _gradient_sync_paused(model: FSDPModule) -> Iterator[None]:
     model.set_requires_gradient_sync(False)
     try:
         yield
@@ -263,7 +264,7 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) 
     return stacked.pow(norm_type).sum().pow(1.0 / norm_type)
 
 
-def _shard_state(state: dict[str, Any], param: nn.Parameter) -> dict[str, Any]:
+def _shard_state(state: dict[str, Any], param: DTensor) -> dict[str, Any]:
     """Optimizer state of a parameter that became a DTensor: shard its parameter-shaped tensors alike."""
     sharded = {}
     for key, value in state.items():
