@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from trainkit.engine import collectives
 from trainkit.engine.accumulation import GradientState, sum_across_processes
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
+from trainkit.engine.nested import iter_leaves
 from trainkit.engine.precision import Precision
 from trainkit.engine.process_control import only_when, split_inputs
 from trainkit.engine.state import ProcessState
@@ -388,7 +389,7 @@ class Accelerator:
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather, then drop the samples that padded the last global batch (exactly the dataset's size)."""
-        tensors_only = all(isinstance(t, torch.Tensor) for t in _leaves(input_data))
+        tensors_only = all(isinstance(t, torch.Tensor) for t in iter_leaves(input_data))
         if use_gather_object or not tensors_only:
             data = collectives.gather_object(input_data)
         else:
@@ -485,9 +486,9 @@ class Accelerator:
         """Write ``obj`` once (main process): safetensors for a dict of tensors when asked, else ``torch.save``."""
         if self.is_main_process:
             if safe_serialization:
-                from safetensors.torch import save_file
+                from trainkit.engine.serialization import write_safetensors_file
 
-                save_file({k: v.detach().contiguous().cpu() for k, v in obj.items()}, os.fspath(f), metadata={"format": "pt"})
+                write_safetensors_file(obj, os.fspath(f))
             else:
                 torch.save(obj, f)
         self.wait_for_everyone()
@@ -563,14 +564,3 @@ def _is_scheduler(obj: Any) -> bool:
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
         hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
     )
-
-
-def _leaves(data: Any) -> Iterator[Any]:
-    if isinstance(data, dict):
-        for value in data.values():
-            yield from _leaves(value)
-    elif isinstance(data, (list, tuple)):
-        for value in data:
-            yield from _leaves(value)
-    else:
-        yield data

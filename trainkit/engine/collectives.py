@@ -6,11 +6,13 @@ collective per tensor (never a home-made one). Every rank must call them in the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from trainkit.engine.nested import map_tensors
 
 
 def _world() -> int:
@@ -19,16 +21,7 @@ def _world() -> int:
 
 def recursively_apply(function: Callable[[torch.Tensor], Any], data: Any) -> Any:
     """Apply ``function`` to every tensor in a nest of lists, tuples and mappings, keeping their types."""
-    if isinstance(data, torch.Tensor):
-        return function(data)
-    if isinstance(data, Mapping):
-        applied = {key: recursively_apply(function, value) for key, value in data.items()}
-        return applied if type(data) is dict else type(data)(applied)  # type: ignore[call-arg]  # Mapping subclasses take a dict
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(recursively_apply(function, v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(recursively_apply(function, v) for v in data)
-    return data
+    return map_tensors(function, data)
 
 
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from trainkit.config.errors import check_choice
+from trainkit.engine.nested import map_tensors
 
 PRECISIONS = ("no", "fp16", "bf16")
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -97,20 +98,13 @@ class Precision:
 
 
 def to_float32(data: Any) -> Any:
-    """Recursively turn float16/bfloat16 tensors into float32, keeping container types."""
-    if isinstance(data, torch.Tensor):
-        return data.float() if data.dtype in (torch.float16, torch.bfloat16) else data
-    if isinstance(data, dict):
-        # ModelOutput and BatchEncoding are dict subclasses; update in place to keep their type.
-        converted = {key: to_float32(value) for key, value in data.items()}
-        if type(data) is dict:
-            return converted
-        for key, value in converted.items():
-            data[key] = value
-        return data
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(to_float32(v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(to_float32(v) for v in data)
-    return data
+    """Recursively turn float16/bfloat16 tensors into float32, keeping container types.
 
+    dict subclasses (ModelOutput) are updated in place to keep their type; other Mappings pass unchanged.
+    """
+    return map_tensors(_tensor_to_float32, data, update_mappings_in_place=True,
+                       mapping_hook=lambda mapping: None if isinstance(mapping, dict) else mapping)
+
+
+def _tensor_to_float32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainkit.config.slurm_hosts import first_slurm_host
 from trainkit.engine.allocator import tune_allocator
 
 logger = logging.getLogger(__name__)
@@ -45,18 +46,6 @@ class LaunchEnvironment:
     def num_nodes(self) -> int:
         """Number of machines in the job."""
         return max(self.world_size // max(self.local_world_size, 1), 1)
-
-
-def _first_slurm_host(nodelist: str) -> str:
-    """First host of a SLURM node list such as ``node[03-05,09],gpu1`` (without calling scontrol)."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not match:
-        return "127.0.0.1"
-    prefix, ranges = match.groups()
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return f"{prefix}{first}"
 
 
 def read_launch_environment(environ: dict[str, str] | None = None) -> LaunchEnvironment:
@@ -92,7 +81,7 @@ def read_launch_environment(environ: dict[str, str] | None = None) -> LaunchEnvi
 
 def _export_slurm_rendezvous(launch: LaunchEnvironment) -> None:
     """torch's env:// rendezvous needs MASTER_ADDR/PORT and RANK/WORLD_SIZE; derive them under srun."""
-    os.environ.setdefault("MASTER_ADDR", _first_slurm_host(os.environ.get("SLURM_STEP_NODELIST", os.environ.get("SLURM_JOB_NODELIST", "127.0.0.1"))))
+    os.environ.setdefault("MASTER_ADDR", first_slurm_host(os.environ.get("SLURM_STEP_NODELIST", os.environ.get("SLURM_JOB_NODELIST", "127.0.0.1"))) or "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000))
     os.environ.setdefault("RANK", str(launch.rank))
     os.environ.setdefault("WORLD_SIZE", str(launch.world_size))

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
+from trainkit.engine.nested import map_tensors
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -88,16 +90,6 @@ class PredictionOutput(NamedTuple):
     metrics: dict[str, float] | None
 
 
-def _apply(function, data):
-    if isinstance(data, torch.Tensor):
-        return function(data)
-    if isinstance(data, (list, tuple)):
-        return type(data)(_apply(function, x) for x in data)
-    if isinstance(data, Mapping):
-        return type(data)({k: _apply(function, v) for k, v in data.items()})
-    return data
-
-
 def _pad_and_concat(first, second):
     """Concatenate on dim 0, padding dim 1 with -100 when sequence lengths differ (nested structures too)."""
     if first is None:
@@ -125,7 +117,7 @@ def _to_numpy(data):
             tensor = tensor.float()  # numpy has no bfloat16
         return tensor.numpy()
 
-    return _apply(convert, data)
+    return map_tensors(convert, data)
 
 
 class _GatheredResults:

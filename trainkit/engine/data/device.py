@@ -7,18 +7,14 @@ from typing import Any
 
 import torch
 
+from trainkit.engine.nested import map_tensors
+
 
 def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Return ``data`` with every tensor on ``device``, keeping container types."""
-    if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=non_blocking)
-    if isinstance(data, Mapping):
-        if not isinstance(data, dict) and hasattr(data, "to"):
-            return data.to(device)  # BatchEncoding knows how to move itself
-        moved = {key: send_to_device(value, device, non_blocking) for key, value in data.items()}
-        return moved if type(data) is dict else type(data)(moved)  # type: ignore[call-arg]  # Mapping subclasses take a dict
-    if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple
-        return type(data)(*(send_to_device(v, device, non_blocking) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(send_to_device(v, device, non_blocking) for v in data)
-    return data
+
+    def move_itself(mapping: Mapping) -> Any:
+        # BatchEncoding knows how to move itself (and keeps its encodings).
+        return mapping.to(device) if hasattr(mapping, "to") else None
+
+    return map_tensors(lambda tensor: tensor.to(device, non_blocking=non_blocking), data, mapping_hook=move_itself)
