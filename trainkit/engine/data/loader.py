@@ -5,6 +5,8 @@
 with the same ``dataset``, ``len()`` and collate function. Its position is a cursor in samples of
 the global stream plus the epoch, so a checkpoint resumes the exact next batch on any world size
 with the same global batch, by skipping indices, not by loading the skipped batches.
+An iterable dataset is read through a :class:`~.streams.StreamShard`: each rank (and worker) reads only
+its own shards, and its position is the stream's own cursor (see :mod:`.streams`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 from .device import send_to_device
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
+from .streams import StreamShard, TaggedCollate, agreement_device, stream_batches
 
 logger = logging.getLogger(__name__)
 
@@ -71,25 +74,47 @@ class PreparedDataLoader(DataLoader):
         self.remainder = -1
         self._expected_batches: int | None = None
         self._yielded = 0
+        self._stream_skip = 0
+        self.real_counts: list[int] | None = None
+        """For a stream: real (not padding) rows of the current batch on each rank; None otherwise."""
 
     # -- position ---------------------------------------------------------------------------------
     @property
-    def _shard(self) -> ShardedBatchSampler | IterableDatasetShard:
-        return self.dataset if isinstance(self.dataset, IterableDatasetShard) else self.batch_sampler
+    def _shard(self) -> ShardedBatchSampler | IterableDatasetShard | StreamShard:
+        return self.dataset if isinstance(self.dataset, (IterableDatasetShard, StreamShard)) else self.batch_sampler
+
+    @property
+    def is_stream(self) -> bool:
+        """True for an iterable dataset read shard by shard (its position is the stream's cursor)."""
+        return isinstance(self.dataset, StreamShard)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration use ``epoch``'s shuffling order (called for you at each new pass)."""
         if epoch != self.progress.epoch:
             self.progress.move_to(epoch)
 
-    def state_dict(self) -> dict[str, int]:
-        """The position to store in a checkpoint, with the shuffling seed that gives it meaning."""
-        return {**self.progress.state_dict(), "seed": self.seed}
+    def state_dict(self) -> dict[str, Any]:
+        """The position to store in a checkpoint, with the shuffling seed that gives it meaning.
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+        Collective for a stream (every rank's readers are gathered): call it on every process.
+        """
+        state: dict[str, Any] = {**self.progress.state_dict(), "seed": self.seed}
+        if self.is_stream:
+            state["stream"] = self.dataset.state_dict(self.progress.epoch)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a stored position: the next iteration starts at its next sample."""
         if "seed" in state:
             self._set_seed(int(state["seed"]))
+        if self.is_stream:
+            if "stream" not in state:
+                raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
+            self.dataset.seed = self.seed
+            self.dataset.load_state_dict(state["stream"])
+            self.progress.move_to(int(state["epoch"]))
+            self.progress.samples_seen = int(state["samples_seen"])
+            return
         self.progress.move_to(int(state["epoch"]), int(state["samples_seen"]))
 
     def _set_seed(self, seed: int) -> None:
@@ -116,21 +141,26 @@ class PreparedDataLoader(DataLoader):
             self.dataset.set_epoch(epoch)
         skip = self.progress.pending_skip
         self.progress.pending_skip = 0
-        self.progress.samples_seen = skip
-        self._shard.skip_samples = skip
+        if self.is_stream:
+            self.dataset.begin(epoch)
+            self._stream_skip = skip // self.global_batch_size if self.global_batch_size else 0
+        else:
+            self.progress.samples_seen = skip
+            self._shard.skip_samples = skip
         self._loader_generator.manual_seed(self.seed * 1_000_003 + epoch)
         self._yielded = 0
         self.end_of_dataloader = False
         self.remainder = -1
         try:
             skipped = skip // self.global_batch_size if self.global_batch_size else 0
-            self._expected_batches = len(self) - skipped
+            # A stream's length is an estimate (its shards' sizes are unknown): windows end where it ends.
+            self._expected_batches = None if self.is_stream else len(self) - skipped
         except TypeError:
             self._expected_batches = None
 
     def __iter__(self) -> Iterator[Any]:
         self._begin_iteration()
-        iterator = super().__iter__()
+        iterator = self._stream_iterator() if self.is_stream else ((batch, None, None) for batch in super().__iter__())
         self.gradient_state.push(self)
         finished = False
         try:
@@ -140,16 +170,31 @@ class PreparedDataLoader(DataLoader):
                 self._yielded += 1
                 if upcoming is _END:
                     self.end_of_dataloader = True
-                    self.remainder = self._shard.final_real_samples
+                    if not self.is_stream:
+                        self.remainder = self._shard.final_real_samples
                 if self.global_batch_size:
                     self.progress.samples_seen += self.global_batch_size
-                yield send_to_device(current, self.device, self.non_blocking) if self.device is not None else current
+                batch, self.real_counts, cursor = current
+                if self.is_stream:
+                    self.dataset.advance(cursor)
+                yield send_to_device(batch, self.device, self.non_blocking) if self.device is not None else batch
                 current = upcoming
             finished = True
         finally:
             self.gradient_state.pop(self)
             if finished:
                 self.progress.move_to(self.progress.epoch + 1)
+
+    def _stream_iterator(self) -> Iterator[tuple[Any, list[int], Any]]:
+        """The stream's batches, agreed across ranks; batches skipped by ``skip_first_batches`` are read and dropped."""
+        stream: StreamShard = self.dataset
+        agree = stream.pad and stream.num_processes > 1
+        batches = stream_batches(super().__iter__(), stream, agree, agreement_device())
+        for _ in range(self._stream_skip):
+            skipped = next(batches, None)
+            if skipped is not None:
+                stream.advance(skipped[2])
+        return batches
 
     def skip_first_batches(self, num_batches: int) -> PreparedDataLoader:
         """A view of this loader whose next iteration starts ``num_batches`` batches into the epoch."""
@@ -201,15 +246,8 @@ def prepare_data_loader(
         kwargs["prefetch_factor"] = None
     common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking)
     dataset = dataloader.dataset
-    if isinstance(dataset, IterableDataset):
-        batch_size = dataloader.batch_size
-        if config.split_batches:
-            batch_size = _split_size(batch_size, num_processes)
-        shard = IterableDatasetShard(dataset, batch_size, num_processes, process_index,
-                                     drop_last=dataloader.drop_last, even_batches=config.even_batches)
-        global_size = batch_size * num_processes if batch_size else None
-        return PreparedDataLoader(shard, batch_size=batch_size, drop_last=dataloader.drop_last,
-                                  global_batch_size=global_size, **common, **kwargs)
+    if isinstance(dataset, IterableDataset) or _is_stream(dataset):
+        return _prepare_stream(dataloader, num_processes, process_index, config, seed, common, kwargs)
     if dataloader.batch_sampler is None:
         if num_processes > 1:
             raise ConfigError("A DataLoader with batch_size=None cannot be sharded across processes; "
@@ -224,6 +262,36 @@ def prepare_data_loader(
                                   split_batches=config.split_batches, even_batches=config.even_batches)
     global_size = None if batch_size is None else (batch_size if config.split_batches else batch_size * num_processes)
     return PreparedDataLoader(dataset, batch_sampler=sharded, global_batch_size=global_size, **common, **kwargs)
+
+
+def _is_stream(dataset: Any) -> bool:
+    """A ``datasets.IterableDataset`` is a torch IterableDataset only once torch is imported first; check by name."""
+    return type(dataset).__name__ == "IterableDataset" and (type(dataset).__module__ or "").startswith("datasets.")
+
+
+def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: int, config: DataLoaderConfiguration,
+                    seed: int, common: dict[str, Any], kwargs: dict[str, Any]) -> PreparedDataLoader:
+    """A loader over a :class:`StreamShard`: this rank's workers read only this rank's shards."""
+    batch_size = dataloader.batch_size
+    if batch_size is None:
+        raise ConfigError("An iterable dataset needs a DataLoader with a batch_size to be sharded across processes.")
+    if config.split_batches:
+        batch_size = _split_size(batch_size, num_processes)
+    workers = kwargs.get("num_workers", 0)
+    if kwargs.get("persistent_workers"):
+        # Workers keep the dataset they were started with, so a new epoch's shard deal or a resumed
+        # position would never reach them.
+        logger.info("persistent_workers=True is turned off for a streamed dataset: each epoch deals its shards anew.")
+        kwargs["persistent_workers"] = False
+    kwargs["collate_fn"] = TaggedCollate(kwargs.get("collate_fn") or torch.utils.data.default_collate)
+    stream = StreamShard(dataloader.dataset, batch_size=batch_size, num_processes=num_processes,
+                         process_index=process_index, num_workers=workers, drop_last=dataloader.drop_last,
+                         even_batches=config.even_batches, seed=seed)
+    if stream.mode == "positions" and num_processes > 1 and process_index == 0:
+        logger.info("The iterable dataset has no shards (or fewer than the %d processes): every process reads the "
+                    "whole stream and keeps 1 example in %d.", num_processes, stream.num_readers)
+    return PreparedDataLoader(stream, batch_size=batch_size, drop_last=dataloader.drop_last,
+                              global_batch_size=batch_size * num_processes, **common, **kwargs)
 
 
 def _split_size(batch_size: int | None, num_processes: int) -> int:
