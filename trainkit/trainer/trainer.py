@@ -33,6 +33,8 @@ from .callbacks import (
 )
 from .data import (
     ItemCounter,
+    UnusedColumnsDropper,
+    accepted_columns,
     call_model,
     default_collator,
     default_label_names,
@@ -45,7 +47,7 @@ from .data import (
 from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
 from .meter import TrainingMeter
 from .optim import build_optimizer, build_scheduler, parameter_groups
-from .plan import TrainingPlan, accumulation_windows, training_plan
+from .plan import TrainingPlan, accumulation_windows, length_or_none, loader_epoch, training_plan
 
 logger = logging.getLogger(__name__)
 
@@ -175,13 +177,21 @@ class Trainer:
             dataset = remove_unused_columns(dataset, self.model, self.label_names, description)
         return dataset
 
-    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
+    def _collator_for(self, dataset: Any, description: str) -> Callable:
+        """The data collator; for a stream whose columns are unknown until read, one that drops unused keys first."""
+        if self.args.remove_unused_columns and getattr(dataset, "column_names", False) is None:
+            return UnusedColumnsDropper(self.data_collator, accepted_columns(self.model, self.label_names), description)
+        return self.data_collator
+
+    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool,
+                    description: str = "data") -> DataLoader:
         args = self.args
-        iterable = isinstance(dataset, IterableDataset)
+        iterable = isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
         sampler = None if iterable else (RandomSampler(dataset) if shuffle else SequentialSampler(dataset))
         workers = args.dataloader_num_workers
         loader = DataLoader(
-            dataset, batch_size=batch_size, sampler=sampler, collate_fn=self.data_collator, drop_last=drop_last,
+            dataset, batch_size=batch_size, sampler=sampler, collate_fn=self._collator_for(dataset, description),
+            drop_last=drop_last,
             num_workers=workers, pin_memory=args.dataloader_pin_memory and torch.cuda.is_available(),
             persistent_workers=args.dataloader_persistent_workers if workers else False,
             prefetch_factor=args.dataloader_prefetch_factor if workers else None,
@@ -193,7 +203,8 @@ class Trainer:
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset.")
         dataset = self._prepare_dataset(self.train_dataset, "training")
-        return self._dataloader(dataset, self.args.per_device_train_batch_size, True, self.args.dataloader_drop_last)
+        return self._dataloader(dataset, self.args.per_device_train_batch_size, True, self.args.dataloader_drop_last,
+                                "training")
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         """The evaluation DataLoader (in order, nothing dropped), built once per dataset."""
@@ -203,13 +214,14 @@ class Trainer:
         key = id(dataset)
         if key not in self._eval_dataloaders:
             prepared = self._prepare_dataset(dataset, "evaluation")
-            self._eval_dataloaders[key] = self._dataloader(prepared, self.args.per_device_eval_batch_size, False, False)
+            self._eval_dataloaders[key] = self._dataloader(prepared, self.args.per_device_eval_batch_size, False, False,
+                                                           "evaluation")
         return self._eval_dataloaders[key]
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """The prediction DataLoader for ``test_dataset`` (in order, nothing dropped)."""
         dataset = self._prepare_dataset(test_dataset, "prediction")
-        return self._dataloader(dataset, self.args.per_device_eval_batch_size, False, False)
+        return self._dataloader(dataset, self.args.per_device_eval_batch_size, False, False, "prediction")
 
     # ------------------------------------------------------------------ optimizer and schedule
 
@@ -290,7 +302,7 @@ class Trainer:
         if args.eval_on_start:
             self._evaluate_during_training(ignore_keys_for_eval)
         start, start_step = time.perf_counter(), state.global_step
-        first_epoch = state.global_step // plan.steps_per_epoch if plan.steps_per_epoch else 0
+        first_epoch = state.global_step // plan.steps_per_epoch if plan.steps_per_epoch else loader_epoch(train_dataloader)
         for epoch in range(first_epoch, plan.num_epochs):
             steps_in_epoch = start_at.steps_done_in_epoch if epoch == first_epoch else 0
             batches = self._epoch_batches(train_dataloader, epoch, start_at.batches_to_skip if epoch == first_epoch else 0)
@@ -481,7 +493,7 @@ class Trainer:
         output = evaluation_loop(self, dataloader, "Evaluation", True if self.compute_metrics is None else None,
                                  ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
-        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, len(dataloader) if hasattr(dataloader, "__len__") else None))
+        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
@@ -494,7 +506,7 @@ class Trainer:
         start = time.perf_counter()
         output = evaluation_loop(self, dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
-        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, len(dataloader) if hasattr(dataloader, "__len__") else None))
+        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=metrics)
         return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=metrics)
 
@@ -569,3 +581,4 @@ class Trainer:
         self.save_model()
         if self.is_world_process_zero():
             self.hub.upload(self.args.output_dir, commit_message)
+
