@@ -14,7 +14,7 @@ skip for ``datasets``) and continue. On another layout (other number of processe
 unread parts of every shard are dealt again: every unseen example is still read exactly once.
 
 Ranks may run out at different times (shards differ in length). With ``even_batches`` (the default),
-every batch is full (a reader's last one is filled with copies of its first examples), ranks agree on
+every batch is full (a reader's last one is filled with copies of its own examples), ranks agree on
 each batch with one tiny ``all_gather`` of real-example counts, a rank that ran out repeats its first
 batch until every rank has, and ``gather_for_metrics`` keeps only the real rows.
 """
@@ -146,14 +146,15 @@ class StreamShard(IterableDataset):
 
     def _read(self, reader: int) -> Iterator[_Tagged]:
         size, count = self.batch_size, 0
-        first: list[Any] = []
+        batch: list[Any] = []
         held: _Tagged | None = None
         for example, index, position in self._examples(reader):
             if held is not None:
                 yield held
             count += 1
-            if len(first) < size:
-                first.append(example)
+            if (count - 1) % size == 0:
+                batch = []
+            batch.append(example)
             # A batch's last example says where its reader stands (one more lookahead marks the very last).
             held = _Tagged(example, (reader, index, position()) if count % size == 0 else None, True)
         if held is None:
@@ -163,9 +164,10 @@ class StreamShard(IterableDataset):
             yield held._replace(cursor=done)
             return
         yield held
+        # The last batch is filled with copies of its own examples: the same after a resume as without one.
         fill = size - count % size
         for i in range(fill):
-            yield _Tagged(first[i % len(first)], done if i == fill - 1 else None, False)
+            yield _Tagged(batch[i % len(batch)], done if i == fill - 1 else None, False)
 
     # -- position (main process) --------------------------------------------------------------------
     def advance(self, cursor: tuple[int, int, Any] | None) -> None:
