@@ -26,6 +26,7 @@ from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 from .device import send_to_device
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
+from .dispatch import dispatched_batches
 from .streams import StreamShard, TaggedCollate, agreement_device, stream_batches
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,8 @@ class PreparedDataLoader(DataLoader):
         # model's random stream (dropout...) does not depend on when iterators are built.
         self._loader_generator = torch.Generator()
         super().__init__(dataset, generator=self._loader_generator, **kwargs)
+        self.dispatch_to: tuple[int, int] | None = None
+        """(num_processes, process_index) when the main process reads and sends each rank its slice."""
         self.device = device
         self.gradient_state = gradient_state
         self.global_batch_size = global_batch_size
@@ -141,9 +144,11 @@ class PreparedDataLoader(DataLoader):
             self.dataset.set_epoch(epoch)
         skip = self.progress.pending_skip
         self.progress.pending_skip = 0
-        if self.is_stream:
-            self.dataset.begin(epoch)
+        if self.is_stream or self.dispatch_to:
+            if self.is_stream:
+                self.dataset.begin(epoch)
             self._stream_skip = skip // self.global_batch_size if self.global_batch_size else 0
+            self.progress.samples_seen = skip
         else:
             self.progress.samples_seen = skip
             self._shard.skip_samples = skip
@@ -160,7 +165,10 @@ class PreparedDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         self._begin_iteration()
-        iterator = self._stream_iterator() if self.is_stream else ((batch, None, None) for batch in super().__iter__())
+        if self.is_stream or self.dispatch_to:
+            iterator = self._stream_iterator()
+        else:
+            iterator = ((batch, None, None) for batch in super().__iter__())
         self.gradient_state.push(self)
         finished = False
         try:
@@ -170,7 +178,7 @@ class PreparedDataLoader(DataLoader):
                 self._yielded += 1
                 if upcoming is _END:
                     self.end_of_dataloader = True
-                    if not self.is_stream:
+                    if not (self.is_stream or self.dispatch_to):
                         self.remainder = self._shard.final_real_samples
                 if self.global_batch_size:
                     self.progress.samples_seen += self.global_batch_size
@@ -187,13 +195,19 @@ class PreparedDataLoader(DataLoader):
 
     def _stream_iterator(self) -> Iterator[tuple[Any, list[int], Any]]:
         """The stream's batches, agreed across ranks; batches skipped by ``skip_first_batches`` are read and dropped."""
-        stream: StreamShard = self.dataset
-        agree = stream.pad and stream.num_processes > 1
-        batches = stream_batches(super().__iter__(), stream, agree, agreement_device())
+        if self.dispatch_to:
+            world, rank = self.dispatch_to
+            # Only the main process reads (with the global batch size); the others receive their slices.
+            batches = dispatched_batches(super().__iter__() if rank == 0 else None, world, rank,
+                                         self.global_batch_size // world)
+        else:
+            stream: StreamShard = self.dataset
+            agree = stream.pad and stream.num_processes > 1
+            batches = stream_batches(super().__iter__(), stream, agree, agreement_device())
         for _ in range(self._stream_skip):
             skipped = next(batches, None)
-            if skipped is not None:
-                stream.advance(skipped[2])
+            if skipped is not None and self.is_stream:
+                self.dataset.advance(skipped[2])
         return batches
 
     def skip_first_batches(self, num_batches: int) -> PreparedDataLoader:
@@ -248,6 +262,9 @@ def prepare_data_loader(
     dataset = dataloader.dataset
     if isinstance(dataset, IterableDataset) or _is_stream(dataset):
         return _prepare_stream(dataloader, num_processes, process_index, config, seed, common, kwargs)
+    if config.dispatch_batches and process_index == 0:
+        logger.info("dispatch_batches=True applies to iterable datasets; this map-style dataset is split by indices, "
+                    "so each process loads only its own samples anyway.")
     if dataloader.batch_sampler is None:
         if num_processes > 1:
             raise ConfigError("A DataLoader with batch_size=None cannot be sharded across processes; "
@@ -277,6 +294,12 @@ def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: i
         raise ConfigError("An iterable dataset needs a DataLoader with a batch_size to be sharded across processes.")
     if config.split_batches:
         batch_size = _split_size(batch_size, num_processes)
+    if config.dispatch_batches:
+        prepared = PreparedDataLoader(dataloader.dataset, batch_size=batch_size * num_processes,
+                                      drop_last=dataloader.drop_last, global_batch_size=batch_size * num_processes,
+                                      **common, **kwargs)
+        prepared.dispatch_to = (num_processes, process_index)
+        return prepared
     workers = kwargs.get("num_workers", 0)
     if kwargs.get("persistent_workers"):
         # Workers keep the dataset they were started with, so a new epoch's shard deal or a resumed

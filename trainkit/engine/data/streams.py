@@ -14,9 +14,9 @@ skip for ``datasets``) and continue. On another layout (other number of processe
 unread parts of every shard are dealt again: every unseen example is still read exactly once.
 
 Ranks may run out at different times (shards differ in length). With ``even_batches`` (the default),
-every batch is full (a reader's last one is filled with copies of its own examples), ranks agree on
-each batch with one tiny ``all_gather`` of real-example counts, a rank that ran out repeats its first
-batch until every rank has, and ``gather_for_metrics`` keeps only the real rows.
+every batch is full (a reader's last one is filled with copies of its own examples), ranks compare
+how many batches they hold every few batches (one tiny ``all_gather`` of real-example counts), a rank
+that ran out repeats its first batch until every rank has, and ``gather_for_metrics`` keeps only the real rows.
 """
 
 from __future__ import annotations
@@ -244,42 +244,55 @@ def _deal_again(work: list[list[list[Any]]], readers: int) -> list[list[list[Any
     return [items[j::readers] for j in range(readers)]
 
 
+AGREE_EVERY = 8
+"""Batches a rank reads ahead before the ranks compare how many each still has: one collective per 8 batches."""
+
+
 def stream_batches(batches: Iterator[StreamBatch], shard: StreamShard, agree: bool,
                    device: torch.device) -> Iterator[tuple[Any, list[int], tuple | None]]:
     """(batch, real rows per rank, cursor) until every rank ran out; a rank that did first repeats its first batch.
 
-    The caller passes the cursor to :meth:`StreamShard.advance` when it hands the batch on (not when it
-    reads ahead), so a checkpoint taken between two batches holds the position after the one consumed.
-
-    ``agree``: one ``all_gather`` of this rank's real count per batch, so all ranks take the same number
-    of steps (needed for DDP and for gathering); without it each rank stops at its own end.
+    ``agree``: every :data:`AGREE_EVERY` batches, one ``all_gather`` of the real counts of the batches each
+    rank holds, so all ranks take the same number of steps (needed for DDP and for gathering); without it
+    each rank stops at its own end. The caller passes the cursor to :meth:`StreamShard.advance` when it
+    hands the batch on (not when it reads ahead), so a checkpoint holds the position after the batch consumed.
     """
+    if not agree:
+        for current in batches:
+            yield current.batch, [current.real], current.cursor
+        return
     first = None
     exhausted = False
     while True:
-        current = None if exhausted else next(batches, None)
-        exhausted = current is None
-        real = current.real if current is not None else 0
-        counts = _all_counts(real, device) if agree else [real]
-        if not any(counts):
+        held: list[StreamBatch] = []
+        while not exhausted and len(held) < AGREE_EVERY:
+            current = next(batches, None)
+            exhausted = current is None
+            if current is not None:
+                held.append(current)
+        counts = _all_counts([b.real for b in held] + [0] * (AGREE_EVERY - len(held)), device)
+        steps = max(sum(1 for c in rank if c) for rank in counts)
+        if steps == 0:
             return
-        if current is None:
-            if first is None:
+        if first is None:
+            if not held:
                 raise RuntimeError(
                     f"Rank {shard.process_index} received no example of the stream while other ranks did: its "
                     f"shards are empty. Use shards of similar sizes, or at least as many as processes x workers.")
-            yield first, counts, None
-            continue
-        if first is None:
-            first = current.batch
-        yield current.batch, counts, current.cursor
+            first = held[0].batch
+        for step in range(steps):
+            real = [rank[step] for rank in counts]
+            if step < len(held):
+                yield held[step].batch, real, held[step].cursor
+            else:
+                yield first, real, None
 
 
-def _all_counts(real: int, device: torch.device) -> list[int]:
-    mine = torch.tensor([real], dtype=torch.int64, device=device)
+def _all_counts(real: list[int], device: torch.device) -> list[list[int]]:
+    mine = torch.tensor(real, dtype=torch.int64, device=device)
     parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, mine)
-    return [int(part.item()) for part in parts]
+    return torch.stack(parts).tolist()
 
 
 def agreement_device() -> torch.device:
