@@ -138,7 +138,8 @@ class WholeSource:
         read = [skip]
 
         def examples() -> Iterator[Any]:
-            for example in itertools.islice(iter(self.dataset), skip, None):
+            every = _rows(self.dataset) if _is_hf_iterable(self.dataset) else iter(self.dataset)
+            for example in itertools.islice(every, skip, None):
                 read[0] = next(counter)
                 yield example
 
