@@ -22,6 +22,7 @@ ALL_IDS = {
     "counting": sorted(shard * 100 + i for shard in range(8) for i in range(6)),
     "json": sorted(number * 100 + i for number, length in enumerate((10, 12, 9, 11)) for i in range(length)),
 }
+ALL_IDS["dispatch"] = ALL_IDS["counting"]
 BATCH, WORLD = 4, 2
 pytestmark = pytest.mark.multiprocess
 
@@ -76,3 +77,13 @@ def test_a_checkpoint_continues_the_stream_on_two_and_on_one_process_without_rea
         read = [x for ids in _reads(out, f"{scenario}_{resumed}").values() for x in ids]
         assert not set(read) & set(before), f"{resumed} read again examples consumed before the checkpoint"
         assert sorted(read) == sorted(set(ALL_IDS[scenario.split("_")[0]]) - set(before))
+
+
+def test_dispatch_batches_reads_on_the_main_process_only_and_resumes_the_same_stream(out):
+    consumed = _consumed(out, "dispatch_w0")
+    assert sorted(consumed["epoch0"]) == ALL_IDS["dispatch"]
+    assert set(_reads(out, "dispatch_w0_epoch0")) == {"0"}  # rank 1 read nothing
+    assert sorted(_reads(out, "dispatch_w0_epoch0")["0"]) == ALL_IDS["dispatch"]
+    # One sequential reader has no shards to seek in: a resume re-reads the consumed part on the main process.
+    assert consumed["before"] + consumed["after2"] == consumed["epoch1"] == consumed["epoch0"]
+    assert consumed["before"] + consumed["after1"] == consumed["epoch0"]

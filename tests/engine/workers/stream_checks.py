@@ -1,8 +1,8 @@
 """Streamed data in real processes: who reads what, exactly-once epochs, and resuming without replay.
 
 Run as ``python stream_checks.py OUT two`` under torchrun (2 gloo ranks on CPU): for each stream (a counting
-torch IterableDataset with shards, a json stream through ``load_dataset(..., streaming=True)`` and ``map``)
-and each number of DataLoader workers (0, 2), it reads one full epoch, then stops 3 batches into the
+torch IterableDataset with shards, a json stream through ``load_dataset(..., streaming=True)`` and ``map``,
+the counting stream again with ``dispatch_batches=True``) and each number of DataLoader workers (0, 2), it reads one full epoch, then stops 3 batches into the
 next, saves, and continues from the checkpoint in fresh loaders. ``python stream_checks.py OUT one``
 (one process) continues the same checkpoints on one process. Every example read is logged by the
 dataset itself (``reads/<scenario>/<rank>_<pid>.txt``), every example consumed is gathered with
@@ -87,7 +87,9 @@ def ids_of(batch) -> torch.Tensor:
 
 
 def loader(accelerator: Accelerator, kind: str, workers: int):
-    dataset = CountingShards() if kind == "counting" else json_stream()
+    dataset = json_stream() if kind == "json" else CountingShards()
+    # "dispatch": the main process reads every global batch and sends each rank its slice.
+    accelerator.dataloader_config.dispatch_batches = kind == "dispatch"
     return accelerator.prepare(DataLoader(dataset, batch_size=BATCH, num_workers=workers))
 
 
@@ -107,8 +109,8 @@ def write(name: str, value) -> None:
 
 def main() -> None:
     accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(data_seed=7))
-    for kind in ("counting", "json"):
-        for workers in (0, 2):
+    for kind in ("counting", "json", "dispatch"):
+        for workers in ((0,) if kind == "dispatch" else (0, 2)):
             name = f"{kind}_w{workers}"
             checkpoint = OUT / f"ckpt_{name}"
             if PHASE == "two":
