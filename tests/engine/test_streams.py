@@ -125,3 +125,18 @@ def test_a_mapped_json_stream_is_read_by_files_and_resumes_from_the_datasets_sta
     rest = [i for batch in resumed for i in batch["id"].tolist()]
     assert sum(before, []) + rest == [0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23]
     assert mapped == rest  # the file reader skipped the consumed records before map
+
+
+def test_a_single_file_stream_is_split_under_its_map_so_each_reader_maps_only_its_records(tmp_path):
+    from datasets import load_dataset
+
+    from trainkit.engine.data.stream_sources import HFPositionSource, source_for, split_under_transforms
+
+    path = tmp_path / "one.jsonl"
+    path.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(7)))
+    mapped: list[int] = []
+    stream = load_dataset("json", data_files=[str(path)], streaming=True, split="train").map(
+        lambda e: (mapped.append(e["id"]), {"double": 2 * e["id"]})[1])
+    assert isinstance(source_for(stream, min_shards=2), HFPositionSource)
+    part = split_under_transforms(stream, 3, 1)
+    assert [e["id"] for e in part] == [1, 4] and mapped == [1, 4]  # the records of reader 1 of 3, mapped alone

@@ -9,11 +9,15 @@ resumed from a JSON-able position. Three kinds exist:
 * :class:`HFSource` for a ``datasets.IterableDataset`` with ``n_shards`` (one per file, usually); its
   position is the dataset's own ``state_dict()`` (records before it are passed over in the file reader,
   before any ``map``), or a count of examples for a shuffled stream, whose buffer ``state_dict`` cannot hold.
-* :class:`WholeSource` for anything else: one "shard", the whole stream, split by position.
+* :class:`HFPositionSource` for a ``datasets`` stream with fewer shards than processes: split by position in
+  its file reader, under its ``map``, so each example is tokenised by one reader only.
+* :class:`WholeSource` for anything else: one "shard", the whole stream, split by position (every reader
+  reads every example and keeps its own).
 """
 
 from __future__ import annotations
 
+import copy
 import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
@@ -60,7 +64,7 @@ class ProtocolSource:
         self.num_shards = int(dataset.num_shards)
         self.shuffles_shards = bool(getattr(dataset, "shuffle_shards", False))
 
-    def open(self, shard: int, position: Any, epoch: int) -> ShardReader:
+    def open(self, shard: int, position: Any, epoch: int, reader: int = 0, readers: int = 1) -> ShardReader:
         """Read ``shard`` from ``position`` (records already read; None means its start)."""
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
@@ -89,9 +93,9 @@ class HFSource:
         self.buffered = getattr(dataset, "_shuffling", None) is not None
         self.shuffles_shards = self.buffered
 
-    def open(self, shard: int, position: Any, epoch: int) -> ShardReader:
+    def open(self, shard: int, position: Any, epoch: int, reader: int = 0, readers: int = 1) -> ShardReader:
         """Read data source ``shard``, restored to ``position`` (None: from its start)."""
-        part = self.dataset.shard(num_shards=self.num_shards, index=shard)
+        part = self._part(shard, reader, readers)
         part.set_epoch(epoch)
         if self.buffered:
             skip = int(position or 0)
@@ -107,6 +111,47 @@ class HFSource:
         if position is not None:
             part.load_state_dict(position)
         return ShardReader(_rows(part), part.state_dict)
+
+    def _part(self, shard: int, reader: int, readers: int) -> Any:
+        return self.dataset.shard(num_shards=self.num_shards, index=shard)
+
+
+class HFPositionSource(HFSource):
+    """A ``datasets`` stream with too few shards, split by position *under* its ``map``/``filter``/``shuffle``.
+
+    Reader ``j`` of ``R`` keeps records ``j, j+R, ...`` of the file reader itself, so the lazy ``map``
+    above runs only on its own records: each example is tokenised once across the job.
+    """
+
+    kind = "positions"
+
+    def __init__(self, dataset: Any) -> None:
+        super().__init__(dataset)
+        self.num_shards = 1
+        self.shuffles_shards = False
+
+    def _part(self, shard: int, reader: int, readers: int) -> Any:
+        return split_under_transforms(self.dataset, readers, reader)
+
+
+def split_under_transforms(dataset: Any, step: int, offset: int) -> Any:
+    """A copy of a ``datasets`` stream whose source keeps every ``step``-th record from ``offset``, below its transforms.
+
+    datasets' own ``split_dataset_by_node`` steps over the *output* (after ``map``), which maps every record
+    on every node; this puts the step under the chain of lazy transforms instead. Raises ``TypeError`` for
+    chains it cannot walk (several sources: concatenated or interleaved streams).
+    """
+    from datasets.iterable_dataset import StepExamplesIterable
+
+    part = copy.deepcopy(dataset)
+    holder, attribute = part, "_ex_iterable"
+    node = getattr(part, attribute)
+    while hasattr(node, "ex_iterable"):
+        holder, attribute, node = node, "ex_iterable", node.ex_iterable
+    if hasattr(node, "ex_iterables"):
+        raise TypeError("a stream made of several sources")
+    setattr(holder, attribute, StepExamplesIterable(node, step=step, offset=offset))
+    return part
 
 
 def _rows(part: Any) -> Iterator[Any]:
@@ -129,19 +174,19 @@ class WholeSource:
         self.num_shards = 1
         self.shuffles_shards = False
 
-    def open(self, shard: int, position: Any, epoch: int) -> ShardReader:
-        """The whole stream; ``position`` (examples passed over) is skipped by reading."""
+    def open(self, shard: int, position: Any, epoch: int, reader: int = 0, readers: int = 1) -> ShardReader:
+        """The examples ``reader, reader + readers, ...`` of the whole stream, after ``position`` examples passed over."""
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
         skip = int(position or 0)
-        counter = itertools.count(skip + 1)
         read = [skip]
 
         def examples() -> Iterator[Any]:
             every = _rows(self.dataset) if _is_hf_iterable(self.dataset) else iter(self.dataset)
-            for example in itertools.islice(every, skip, None):
-                read[0] = next(counter)
-                yield example
+            for index, example in enumerate(itertools.islice(every, skip, None), start=skip):
+                if index % readers == reader:
+                    read[0] = index + 1
+                    yield example
 
         return ShardReader(examples(), lambda: read[0])
 
@@ -150,8 +195,14 @@ def source_for(dataset: Any, min_shards: int) -> ProtocolSource | HFSource | Who
     """The best way to read ``dataset``: by shards when it has at least ``min_shards`` (one per process)."""
     if isinstance(dataset, ShardedIterable) and int(dataset.num_shards) >= min_shards:
         return ProtocolSource(dataset)
-    if _is_hf_iterable(dataset) and int(dataset.num_shards) >= min_shards:
-        return HFSource(dataset)
+    if _is_hf_iterable(dataset):
+        if int(dataset.num_shards) >= min_shards:
+            return HFSource(dataset)
+        try:
+            split_under_transforms(dataset, 2, 0)
+            return HFPositionSource(dataset)
+        except (TypeError, AttributeError, ImportError):
+            pass  # an unusual chain: split its output by position instead
     return WholeSource(dataset)
 
 

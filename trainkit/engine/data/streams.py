@@ -132,17 +132,12 @@ class StreamShard(IterableDataset):
 
     def _examples(self, reader: int) -> Iterator[tuple[Any, int, Any]]:
         """(example, item index, position getter) of ``reader``'s share, in order."""
+        # Split by position, each reader opens the one "shard" and keeps its own examples of it.
+        readers = self.num_readers if self.mode == "positions" else 1
         for index, (shard, position) in enumerate(self.plan[reader]):
-            opened = self.source.open(shard, position, self.epoch)
-            if self.mode == "positions":
-                passed = int(position or 0)
-                for example in opened:
-                    passed += 1
-                    if (passed - 1) % self.num_readers == reader:
-                        yield example, index, opened.position
-            else:
-                for example in opened:
-                    yield example, index, opened.position
+            opened = self.source.open(shard, position, self.epoch, reader % readers, readers)
+            for example in opened:
+                yield example, index, opened.position
 
     def _read(self, reader: int) -> Iterator[_Tagged]:
         size, count = self.batch_size, 0
