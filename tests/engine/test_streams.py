@@ -140,3 +140,15 @@ def test_a_single_file_stream_is_split_under_its_map_so_each_reader_maps_only_it
     assert isinstance(source_for(stream, min_shards=2), HFPositionSource)
     part = split_under_transforms(stream, 3, 1)
     assert [e["id"] for e in part] == [1, 4] and mapped == [1, 4]  # the records of reader 1 of 3, mapped alone
+
+
+def test_moving_a_restored_stream_back_to_its_epoch_start_reads_the_whole_epoch(accelerator):
+    first = accelerator.prepare(DataLoader(Shards(), batch_size=2))
+    iterator = iter(first)
+    next(iterator)
+    state = first.state_dict()
+    del iterator
+    resumed = accelerator.prepare(DataLoader(Shards(), batch_size=2))
+    resumed.load_state_dict(state)
+    resumed.progress.move_to(resumed.progress.epoch)  # what the Trainer's ignore_data_skip does
+    assert _ids(resumed) == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24]

@@ -115,9 +115,6 @@ class PreparedDataLoader(DataLoader):
                 raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
             self.dataset.seed = self.seed
             self.dataset.load_state_dict(state["stream"])
-            self.progress.move_to(int(state["epoch"]))
-            self.progress.samples_seen = int(state["samples_seen"])
-            return
         self.progress.move_to(int(state["epoch"]), int(state["samples_seen"]))
 
     def _set_seed(self, seed: int) -> None:
@@ -145,9 +142,12 @@ class PreparedDataLoader(DataLoader):
         skip = self.progress.pending_skip
         self.progress.pending_skip = 0
         if self.is_stream or self.dispatch_to:
+            # A stream placed by load_state_dict continues from its readers' cursors; one moved back to the
+            # start of its epoch (move_to) starts afresh; skip_first_batches alone reads and drops batches.
+            restored = self.is_stream and bool(skip) and self.dataset.has_restored(epoch)
             if self.is_stream:
-                self.dataset.begin(epoch)
-            self._stream_skip = skip // self.global_batch_size if self.global_batch_size else 0
+                self.dataset.begin(epoch, use_restored=restored)
+            self._stream_skip = 0 if restored or not self.global_batch_size else skip // self.global_batch_size
             self.progress.samples_seen = skip
         else:
             self.progress.samples_seen = skip

@@ -102,10 +102,14 @@ class StreamShard(IterableDataset):
         return per_rank
 
     # -- planning (main process) ------------------------------------------------------------------
-    def begin(self, epoch: int) -> None:
+    def has_restored(self, epoch: int) -> bool:
+        """Whether a loaded position for ``epoch`` waits to be used."""
+        return self._restored is not None and self._restored[0] == epoch
+
+    def begin(self, epoch: int, use_restored: bool = True) -> None:
         """Plan the iteration of ``epoch``: a restored position for it, else a fresh deal of the shards."""
         self.epoch = epoch
-        if self._restored is not None and self._restored[0] == epoch:
+        if use_restored and self.has_restored(epoch):
             _, self.plan, self.rotation = self._restored
         else:
             order = shard_order(self.source.num_shards, self.seed, epoch, self.source.shuffles_shards)
