@@ -152,3 +152,28 @@ def test_moving_a_restored_stream_back_to_its_epoch_start_reads_the_whole_epoch(
     resumed.load_state_dict(state)
     resumed.progress.move_to(resumed.progress.epoch)  # what the Trainer's ignore_data_skip does
     assert _ids(resumed) == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24]
+
+
+def test_a_shuffled_filtered_stream_resumes_exactly_once_though_its_buffer_is_not_saved(accelerator, tmp_path):
+    from datasets import load_dataset
+
+    paths = []
+    for number in range(3):
+        path = tmp_path / f"{number}.jsonl"
+        path.write_text("".join(json.dumps({"id": number * 10 + i}) + "\n" for i in range(6)))
+        paths.append(str(path))
+
+    def stream():
+        data = load_dataset("json", data_files=paths, streaming=True, split="train")
+        return data.filter(lambda e: e["id"] % 3 != 0).shuffle(seed=5, buffer_size=4)
+
+    first = accelerator.prepare(DataLoader(stream(), batch_size=2))
+    iterator = iter(first)
+    before = [i for _ in range(3) for i in next(iterator)["id"].tolist()]
+    state = json.loads(json.dumps(first.state_dict()))
+    rest_of_uninterrupted = [i for batch in iterator for i in batch["id"].tolist()]
+    resumed = accelerator.prepare(DataLoader(stream(), batch_size=2))
+    resumed.load_state_dict(state)
+    rest = [i for batch in resumed for i in batch["id"].tolist()]
+    assert rest == rest_of_uninterrupted
+    assert sorted(before + rest) == [i for i in range(26) if i % 10 < 6 and i % 3 != 0]

@@ -90,7 +90,7 @@ class HFSource:
         self.num_shards = int(dataset.num_shards)
         # A shuffle buffer's content is not in datasets' state_dict: a resume from it would lose the
         # buffered examples, so a shuffled stream counts examples and re-reads its current shard instead.
-        self.buffered = getattr(dataset, "_shuffling", None) is not None
+        self.buffered = _has_shuffle_buffer(dataset)
         self.shuffles_shards = self.buffered
 
     def open(self, shard: int, position: Any, epoch: int, reader: int = 0, readers: int = 1) -> ShardReader:
@@ -152,6 +152,16 @@ def split_under_transforms(dataset: Any, step: int, offset: int) -> Any:
         raise TypeError("a stream made of several sources")
     setattr(holder, attribute, StepExamplesIterable(node, step=step, offset=offset))
     return part
+
+
+def _has_shuffle_buffer(dataset: Any) -> bool:
+    """Whether a ``datasets`` stream went through ``.shuffle(buffer_size=...)`` (its chain holds a shuffle buffer)."""
+    node = getattr(dataset, "_ex_iterable", None)
+    while node is not None:
+        if "Shuffled" in type(node).__name__:
+            return True
+        node = getattr(node, "ex_iterable", None)
+    return False
 
 
 def _rows(part: Any) -> Iterator[Any]:
