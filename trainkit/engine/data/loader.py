@@ -304,7 +304,7 @@ def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: i
     if kwargs.get("persistent_workers"):
         # Workers keep the dataset they were started with, so a new epoch's shard deal or a resumed
         # position would never reach them.
-        logger.info("persistent_workers=True is turned off for a streamed dataset: each epoch deals its shards anew.")
+        logger.warning("persistent_workers=True is turned off for a streamed dataset: each epoch deals its shards anew.")
         kwargs["persistent_workers"] = False
     kwargs["collate_fn"] = TaggedCollate(kwargs.get("collate_fn") or torch.utils.data.default_collate)
     stream = StreamShard(dataloader.dataset, batch_size=batch_size, num_processes=num_processes,
