@@ -306,6 +306,9 @@ def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: i
         # position would never reach them.
         logger.warning("persistent_workers=True is turned off for a streamed dataset: each epoch deals its shards anew.")
         kwargs["persistent_workers"] = False
+    if getattr(config, "use_stateful_dataloader", False) and process_index == 0:
+        logger.warning("use_stateful_dataloader=True: a streamed dataset's position is already saved by trainkit's own "
+                       "per-reader cursor (exact with workers, on any number of processes); torchdata is not used.")
     kwargs["collate_fn"] = TaggedCollate(kwargs.get("collate_fn") or torch.utils.data.default_collate)
     stream = StreamShard(dataloader.dataset, batch_size=batch_size, num_processes=num_processes,
                          process_index=process_index, num_workers=workers, drop_last=dataloader.drop_last,
