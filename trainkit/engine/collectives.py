@@ -140,3 +140,12 @@ def keep_real_rows(data: Any, real_counts: list[int]) -> Any:
     if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
         return keep(data)
     return recursively_apply(keep, data)
+
+
+def scatter_object(objects: list[Any] | None, from_process: int = 0) -> Any:
+    """``objects[rank]`` on each process, sent from ``from_process`` (which alone passes the list)."""
+    if _world() == 1:
+        return objects[0] if objects else None
+    received: list[Any] = [None]
+    dist.scatter_object_list(received, objects if dist.get_rank() == from_process else None, src=from_process)
+    return received[0]

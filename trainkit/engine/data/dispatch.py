@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from .. import collectives
 from ..collectives import recursively_apply
 
 
@@ -50,13 +50,9 @@ def dispatched_batches(global_batches: Iterator[Any] | None, num_processes: int,
             if batch is not None:
                 slices, real = split_global_batch(batch, num_processes, per_rank)
                 payload = [(piece, real) for piece in slices]
-        received: list[Any] = [None]
-        if num_processes > 1:
-            dist.scatter_object_list(received, payload if process_index == 0 else None, src=0)
-        else:
-            received = [payload[0]]
-        if received[0] is None:
+        received = collectives.scatter_object(payload if process_index == 0 else None, from_process=0)
+        if received is None:
             return
-        piece, real = received[0]
+        piece, real = received
         yield piece, real, None
 

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .. import collectives
 from .stream_sources import HFSource, ProtocolSource, WholeSource, shard_order, source_for
 
 logger = logging.getLogger(__name__)
@@ -195,12 +196,7 @@ class StreamShard(IterableDataset):
 
     def state_dict(self, epoch: int) -> dict[str, Any]:
         """Collective: the whole job's position (every rank's readers), to store from the main process."""
-        local = self.local_state()
-        if self.num_processes > 1 and dist.is_initialized():
-            ranks: list[Any] = [None] * self.num_processes
-            dist.all_gather_object(ranks, local)
-        else:
-            ranks = [local]
+        ranks = collectives.gather_object(self.local_state())
         work: dict[str, Any] = {}
         for rank_state in ranks:
             work.update(rank_state["work"])
@@ -288,10 +284,8 @@ def stream_batches(batches: Iterator[StreamBatch], shard: StreamShard, agree: bo
 
 
 def _all_counts(real: list[int], device: torch.device) -> list[list[int]]:
-    mine = torch.tensor(real, dtype=torch.int64, device=device)
-    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, mine)
-    return torch.stack(parts).tolist()
+    gathered = collectives.gather(torch.tensor(real, dtype=torch.int64, device=device))
+    return gathered.view(-1, len(real)).tolist()
 
 
 def agreement_device() -> torch.device:
