@@ -1,12 +1,13 @@
 """Prepared dataloaders: per-rank sharding, device placement, epoch seeding and a resumable position.
 
-``prepare_data_loader`` rebuilds the user's DataLoader around a :class:`ShardedBatchSampler` (or an
-:class:`IterableDatasetShard`) and returns a :class:`PreparedDataLoader`, still a ``DataLoader``
+``prepare_data_loader`` rebuilds the user's DataLoader around a :class:`ShardedBatchSampler` (or a
+:class:`~.streams.StreamShard`) and returns a :class:`PreparedDataLoader`, still a ``DataLoader``
 with the same ``dataset``, ``len()`` and collate function. Its position is a cursor in samples of
 the global stream plus the epoch, so a checkpoint resumes the exact next batch on any world size
 with the same global batch, by skipping indices, not by loading the skipped batches.
-An iterable dataset is read through a :class:`~.streams.StreamShard`: each rank (and worker) reads only
-its own shards, and its position is the stream's own cursor (see :mod:`.streams`).
+An iterable dataset's rank (and each worker) reads only its own shards, and its position is the
+stream's own cursor (see :mod:`.streams`); with ``dispatch_batches`` the main process reads for all
+(see :mod:`.dispatch`).
 """
 
 from __future__ import annotations
