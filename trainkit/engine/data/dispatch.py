@@ -21,7 +21,12 @@ from ..collectives import recursively_apply
 def batch_rows(batch: Any) -> int:
     """Rows of a collated batch: the first dimension of its first tensor."""
     found: list[int] = []
-    recursively_apply(lambda t: found.append(t.shape[0]) if t.ndim else None, batch)
+
+    def note(tensor: torch.Tensor) -> None:
+        if tensor.ndim:
+            found.append(tensor.shape[0])
+
+    recursively_apply(note, batch)
     if not found:
         raise ValueError("dispatch_batches=True needs batches of tensors (it slices them along their first dimension).")
     return found[0]
@@ -33,9 +38,19 @@ def split_global_batch(batch: Any, num_processes: int, per_rank: int) -> tuple[l
     full = per_rank * num_processes
     if rows < full:
         index = torch.arange(full) % rows
-        batch = recursively_apply(lambda t: t[index.to(t.device)] if t.ndim else t, batch)
-    slices = [recursively_apply(lambda t, r=r: t[r * per_rank : (r + 1) * per_rank] if t.ndim else t, batch)
-              for r in range(num_processes)]
+
+        def repeat_rows(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor[index.to(tensor.device)] if tensor.ndim else tensor
+
+        batch = recursively_apply(repeat_rows, batch)
+
+    def rank_slice(rank: int):
+        def cut(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor[rank * per_rank : (rank + 1) * per_rank] if tensor.ndim else tensor
+
+        return cut
+
+    slices = [recursively_apply(rank_slice(r), batch) for r in range(num_processes)]
     real = [max(0, min(per_rank, rows - r * per_rank)) for r in range(num_processes)]
     return slices, real
 

@@ -84,13 +84,18 @@ class PreparedDataLoader(DataLoader):
 
     # -- position ---------------------------------------------------------------------------------
     @property
-    def _shard(self) -> ShardedBatchSampler | IterableDatasetShard | StreamShard:
-        return self.dataset if isinstance(self.dataset, (IterableDatasetShard, StreamShard)) else self.batch_sampler
+    def _shard(self) -> ShardedBatchSampler | IterableDatasetShard:
+        return self.dataset if isinstance(self.dataset, IterableDatasetShard) else self.batch_sampler  # type: ignore[return-value]
 
     @property
     def is_stream(self) -> bool:
         """True for an iterable dataset read shard by shard (its position is the stream's cursor)."""
         return isinstance(self.dataset, StreamShard)
+
+    @property
+    def _stream(self) -> StreamShard:
+        assert isinstance(self.dataset, StreamShard)
+        return self.dataset
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration use ``epoch``'s shuffling order (called for you at each new pass)."""
@@ -104,7 +109,7 @@ class PreparedDataLoader(DataLoader):
         """
         state: dict[str, Any] = {**self.progress.state_dict(), "seed": self.seed}
         if self.is_stream:
-            state["stream"] = self.dataset.state_dict(self.progress.epoch)
+            state["stream"] = self._stream.state_dict(self.progress.epoch)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -114,8 +119,8 @@ class PreparedDataLoader(DataLoader):
         if self.is_stream:
             if "stream" not in state:
                 raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
-            self.dataset.seed = self.seed
-            self.dataset.load_state_dict(state["stream"])
+            self._stream.seed = self.seed
+            self._stream.load_state_dict(state["stream"])
         self.progress.move_to(int(state["epoch"]), int(state["samples_seen"]))
 
     def _set_seed(self, seed: int) -> None:
@@ -145,9 +150,9 @@ class PreparedDataLoader(DataLoader):
         if self.is_stream or self.dispatch_to:
             # A stream placed by load_state_dict continues from its readers' cursors; one moved back to the
             # start of its epoch (move_to) starts afresh; skip_first_batches alone reads and drops batches.
-            restored = self.is_stream and bool(skip) and self.dataset.has_restored(epoch)
+            restored = self.is_stream and bool(skip) and self._stream.has_restored(epoch)
             if self.is_stream:
-                self.dataset.begin(epoch, use_restored=restored)
+                self._stream.begin(epoch, use_restored=restored)
             self._stream_skip = 0 if restored or not self.global_batch_size else skip // self.global_batch_size
             self.progress.samples_seen = skip
         else:
@@ -166,6 +171,7 @@ class PreparedDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         self._begin_iteration()
+        iterator: Iterator[tuple[Any, list[int] | None, Any]]
         if self.is_stream or self.dispatch_to:
             iterator = self._stream_iterator()
         else:
@@ -183,9 +189,9 @@ class PreparedDataLoader(DataLoader):
                         self.remainder = self._shard.final_real_samples
                 if self.global_batch_size:
                     self.progress.samples_seen += self.global_batch_size
-                batch, self.real_counts, cursor = current
+                batch, self.real_counts, cursor = current  # type: ignore[misc]  # not _END here
                 if self.is_stream:
-                    self.dataset.advance(cursor)
+                    self._stream.advance(cursor)
                 yield send_to_device(batch, self.device, self.non_blocking) if self.device is not None else batch
                 current = upcoming
             finished = True
@@ -194,21 +200,22 @@ class PreparedDataLoader(DataLoader):
             if finished:
                 self.progress.move_to(self.progress.epoch + 1)
 
-    def _stream_iterator(self) -> Iterator[tuple[Any, list[int], Any]]:
+    def _stream_iterator(self) -> Iterator[tuple[Any, list[int] | None, Any]]:
         """The stream's batches, agreed across ranks; batches skipped by ``skip_first_batches`` are read and dropped."""
+        batches: Iterator[tuple[Any, list[int], Any]]
         if self.dispatch_to:
             world, rank = self.dispatch_to
             # Only the main process reads (with the global batch size); the others receive their slices.
             batches = dispatched_batches(super().__iter__() if rank == 0 else None, world, rank,
-                                         self.global_batch_size // world)
+                                         (self.global_batch_size or world) // world)
         else:
-            stream: StreamShard = self.dataset
+            stream = self._stream
             agree = stream.pad and stream.num_processes > 1
             batches = stream_batches(super().__iter__(), stream, agree, agreement_device())
         for _ in range(self._stream_skip):
             skipped = next(batches, None)
             if skipped is not None and self.is_stream:
-                self.dataset.advance(skipped[2])
+                self._stream.advance(skipped[2])
         return batches
 
     def skip_first_batches(self, num_batches: int) -> PreparedDataLoader:

@@ -110,7 +110,7 @@ class StreamShard(IterableDataset):
     def begin(self, epoch: int, use_restored: bool = True) -> None:
         """Plan the iteration of ``epoch``: a restored position for it, else a fresh deal of the shards."""
         self.epoch = epoch
-        if use_restored and self.has_restored(epoch):
+        if use_restored and self._restored is not None and self._restored[0] == epoch:
             _, self.plan, self.rotation = self._restored
         else:
             order = shard_order(self.source.num_shards, self.seed, epoch, self.source.shuffles_shards)
@@ -253,15 +253,15 @@ def stream_batches(batches: Iterator[StreamBatch], shard: StreamShard, agree: bo
     hands the batch on (not when it reads ahead), so a checkpoint holds the position after the batch consumed.
     """
     if not agree:
-        for current in batches:
-            yield current.batch, [current.real], current.cursor
+        for own in batches:
+            yield own.batch, [own.real], own.cursor
         return
     first = None
     exhausted = False
     while True:
         held: list[StreamBatch] = []
         while not exhausted and len(held) < AGREE_EVERY:
-            current = next(batches, None)
+            current: StreamBatch | None = next(batches, None)
             exhausted = current is None
             if current is not None:
                 held.append(current)
