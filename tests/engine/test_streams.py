@@ -177,3 +177,29 @@ def test_a_shuffled_filtered_stream_resumes_exactly_once_though_its_buffer_is_no
     rest = [i for batch in resumed for i in batch["id"].tolist()]
     assert rest == rest_of_uninterrupted
     assert sorted(before + rest) == [i for i in range(26) if i % 10 < 6 and i % 3 != 0]
+
+
+def test_a_parquet_stream_read_by_two_workers_resumes_exactly_once(accelerator, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from datasets import load_dataset
+
+    paths = []
+    for number in range(3):
+        path = str(tmp_path / f"{number}.parquet")
+        pq.write_table(pa.table({"id": list(range(number * 10, number * 10 + 5))}), path)
+        paths.append(path)
+
+    def loader():
+        stream = load_dataset("parquet", data_files=paths, streaming=True, split="train")
+        return accelerator.prepare(DataLoader(stream, batch_size=2, num_workers=2))
+
+    first = loader()
+    iterator = iter(first)
+    before = [i for _ in range(3) for i in next(iterator)["id"].tolist()]
+    state = json.loads(json.dumps(first.state_dict()))
+    del iterator
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = [i for batch in resumed for i in batch["id"].tolist()]
+    assert sorted(before + rest) == [n * 10 + i for n in range(3) for i in range(5)]
