@@ -41,7 +41,14 @@ _PLAIN_FLAGS: dict[str, tuple[Any, str]] = {
     "collective_timeout": (float, "Seconds before a collective that never completes fails the job (default 600)."),
     "gpu_ids": (str, "GPUs to use on this machine: 'all' or a comma-separated list."),
     "distributed_type": (str, f"One of {', '.join(DISTRIBUTED_TYPES)} (normally implied by the flags below)."),
-    "dynamo_backend": (str, "Accepted for Accelerate compatibility; trainkit does not compile."),
+}
+# torch.compile flags (Accelerate's): they fill the launch config's ``dynamo_config`` block.
+_DYNAMO_FLAGS = {
+    "dynamo_backend": "torch.compile backend for prepared models (inductor, aot_eager, ...; no = off).",
+    "dynamo_mode": "torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs.",
+    "dynamo_use_fullgraph": "true: fail on graph breaks instead of splitting the graph.",
+    "dynamo_use_dynamic": "true: compile for dynamic shapes.",
+    "dynamo_use_regional_compilation": "true: compile the repeated block once instead of the whole model.",
 }
 
 
@@ -58,6 +65,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--debug", action="store_const", const=True, default=None,
                        help="Check that every rank calls the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL).")
     group.add_argument("--same_network", action="store_const", const=True, default=None, help=argparse.SUPPRESS)
+    dynamo = parser.add_argument_group("torch.compile")
+    for name, text in _DYNAMO_FLAGS.items():
+        dynamo.add_argument(f"--{name}", type=str, default=None, metavar="VALUE", help=text)
     fsdp = parser.add_argument_group("FSDP (each --fsdp_* flag implies --use_fsdp)")
     fsdp.add_argument("--use_fsdp", action="store_const", const=True, default=None, help="distributed_type FSDP.")
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
@@ -101,6 +111,9 @@ def flags_to_mapping(args: argparse.Namespace) -> dict[str, Any]:
             mapping[name] = True
     if getattr(args, "multi_gpu", None):
         mapping["distributed_type"] = "MULTI_GPU"
+    dynamo = {name: getattr(args, name) for name in _DYNAMO_FLAGS if getattr(args, name, None) is not None}
+    if dynamo:
+        mapping["dynamo_config"] = dynamo
     fsdp_options = {}
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
         value = getattr(args, f"fsdp_{name}", None)

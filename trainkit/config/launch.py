@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .dynamo import TorchDynamoPlugin
 from .errors import ConfigError, check_choice, unknown_key_error
 from .fsdp import ALIASES as FSDP_ALIASES
 from .fsdp import FSDPOptions
@@ -30,7 +31,7 @@ DEFAULT_SOURCE = "default"
 # nothing (empty, false, null) is absorbed silently; any other value is listed once in ``unused_keys``.
 UNUSED_ACCELERATE_KEYS = frozenset({
     "deepspeed_config", "megatron_lm_config", "tp_config", "fp8_config", "ipex_config", "mpirun_config",
-    "dynamo_config", "dynamo_backend", "parallelism_config", "enable_cpu_affinity", "tpu_name", "tpu_zone",
+    "parallelism_config", "enable_cpu_affinity", "tpu_name", "tpu_zone",
     "tpu_use_cluster", "tpu_use_sudo", "tpu_vm", "tpu_env", "command_file", "commands", "fp16",
 })
 # trainkit's own keys: written by ``to_dict()`` only when they differ from their defaults, so that a file
@@ -87,6 +88,9 @@ class LaunchConfig:
     """Seconds between torchrun's checks of worker health."""
     num_cpu_threads_per_process: int | None = None
     """OMP_NUM_THREADS per worker; None = cores / processes on this machine (decided by the launcher)."""
+    dynamo_config: dict[str, Any] | None = None
+    """torch.compile settings (``dynamo_backend``, ``dynamo_mode``, ``dynamo_use_fullgraph``,
+    ``dynamo_use_dynamic``, ``dynamo_use_regional_compilation``); None compiles nothing."""
     unused_keys: list[str] = dataclasses.field(default_factory=list)
     """Keys accepted but not acted on (Accelerate's deepspeed_config, tpu_*, ...), reported once."""
     provenance: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -196,6 +200,12 @@ class LaunchConfig:
                                          where=_where(self.provenance, "rdzv_backend"))
         self.gpu_ids = parse_gpu_ids(self.gpu_ids)
         self.main_training_function = str(self.main_training_function or "main")
+        if self.dynamo_config is not None:
+            if not isinstance(self.dynamo_config, Mapping):
+                raise ConfigError(f"'dynamo_config' in {_where(self.provenance, 'dynamo_config')} must be a mapping, "
+                                  f"got {self.dynamo_config!r}.")
+            plugin = TorchDynamoPlugin.from_config(self.dynamo_config, where=_where(self.provenance, "dynamo_config"))
+            self.dynamo_config = plugin.to_config() if plugin.enabled else None
         self._validate_machines()
 
     def _validate_machines(self) -> None:
@@ -269,6 +279,10 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
                 fsdp_merged[name] = (raw_key, option)  # keep the user's spelling for error messages
                 provenance[f"fsdp_config.fsdp_{name}"] = source
             provenance["fsdp_config"] = source
+        elif key == "dynamo_backend" or (key == "dynamo_config" and isinstance(value, Mapping)):
+            block = {"dynamo_backend": value} if key == "dynamo_backend" else value
+            merged["dynamo_config"] = {**(merged.get("dynamo_config") or {}), **block}  # merge key by key
+            provenance["dynamo_config"] = source
         elif key in known:
             if key == "num_processes" and value in (None, -1):
                 continue  # Accelerate's "not specified"

@@ -19,7 +19,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from trainkit.engine import collectives
+from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.engine.accumulation import GradientState
+from trainkit.engine.compile import compile_model, resolve_dynamo_plugin
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.precision import Precision
 from trainkit.engine.process_control import only_when, split_inputs
@@ -65,6 +67,8 @@ class Accelerator:
         kwargs_handlers: :class:`DistributedDataParallelKwargs`, :class:`GradScalerKwargs`,
             :class:`InitProcessGroupKwargs`.
         device_placement: move prepared models and batches to the device.
+        dynamo_backend: compile prepared models with this torch.compile backend ("inductor", ...).
+        dynamo_plugin: all torch.compile settings (:class:`TorchDynamoPlugin`), regional compilation included.
     """
 
     def __init__(
@@ -82,6 +86,8 @@ class Accelerator:
         device_placement: bool = True,
         split_batches: bool | None = None,
         even_batches: bool | None = None,
+        dynamo_backend: str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
     ) -> None:
         launch = _launch_config()
         handlers = {type(h): h for h in (kwargs_handlers or [])}
@@ -114,6 +120,7 @@ class Accelerator:
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
         self.strategy = self._choose_strategy(fsdp_plugin, launch, ddp_kwargs)
+        self.dynamo_plugin = resolve_dynamo_plugin(dynamo_backend, dynamo_plugin, launch)
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -308,6 +315,8 @@ class Accelerator:
         if self.precision.enabled and self.strategy.wants_autocast and not hasattr(model, "_trainkit_original_forward"):
             model._trainkit_original_forward = model.forward
             model.forward = self.precision.wrap_forward(model.forward)
+        if not evaluation_mode:
+            compile_model(model, self.dynamo_plugin)  # in place, before sharding or wrapping
         wrapped = model.to(self.device) if evaluation_mode else self.strategy.wrap_model(model)
         self._models.append(wrapped)
         return wrapped

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from trainkit.engine.allocator import tune_allocator
+from trainkit.engine.devices import choose_device
 
 logger = logging.getLogger(__name__)
 
@@ -138,11 +139,7 @@ class ProcessState:
         cls._instance = None
 
     def _choose_device(self, cpu: bool) -> torch.device:
-        if cpu or not torch.cuda.is_available():
-            return torch.device("cpu")
-        index = self.local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
+        return choose_device(self.local_rank, self.local_world_size, cpu=cpu)
 
     def ensure_process_group(self) -> None:
         """Initialise the default process group if nobody has (also for a world of one, which FSDP needs)."""

@@ -141,6 +141,11 @@ class Trainer:
             from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
 
             kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin.from_options(args.fsdp_options)
+        if args.torch_compile:
+            from trainkit.config.dynamo import TorchDynamoPlugin
+
+            kwargs["dynamo_plugin"] = TorchDynamoPlugin(backend=args.torch_compile_backend or "inductor",
+                                                        mode=args.torch_compile_mode)
         return Accelerator(**kwargs)
 
     def _configure_logging(self) -> None:
@@ -241,9 +246,7 @@ class Trainer:
             if not hasattr(self.model, "gradient_checkpointing_enable"):
                 raise ValueError(f"gradient_checkpointing=True, but {type(self.model).__name__} has no gradient_checkpointing_enable().")
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
-        wrapped = self.accelerator.prepare(self.model)
-        if self.args.torch_compile:
-            wrapped = torch.compile(wrapped, backend=self.args.torch_compile_backend or "inductor", mode=self.args.torch_compile_mode)
+        wrapped = self.accelerator.prepare(self.model)  # compiles in place when torch_compile is set
         self.model_wrapped = wrapped
         self.model = self.accelerator.unwrap_model(wrapped)
         self.callback_handler.model = self.model

@@ -1,5 +1,7 @@
 """Helpers that training scripts import (the names of ``accelerate.utils`` that real scripts use)."""
 
+from trainkit.config.dynamo import TorchDynamoPlugin
+
 from .dataclasses import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -27,6 +29,7 @@ __all__ = [
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "ProjectConfiguration",
+    "TorchDynamoPlugin",
     "find_executable_batch_size",
     "is_cuda_available",
     "is_npu_available",
