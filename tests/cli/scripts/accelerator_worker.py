@@ -39,7 +39,7 @@ report = {
 }
 # torch.compile from the launcher (--dynamo_*): which modules were compiled in place, and no wrapper prefixes.
 report["compiled"] = sorted({type(m).__name__ for m in model.modules() if getattr(m, "_compiled_call_impl", None)})
-report["state_dict_keys"] = sorted(accelerator.get_state_dict(model))
+report["state_dict_keys"] = sorted(accelerator.unwrap_model(model).state_dict())
 report["loss_finite"] = bool(torch.isfinite(loss).item())
 print("REPORT " + json.dumps(report), flush=True)
 accelerator.end_training()
