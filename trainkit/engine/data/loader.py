@@ -199,7 +199,12 @@ def prepare_data_loader(
     kwargs = {name: getattr(dataloader, name) for name in _PASSTHROUGH if hasattr(dataloader, name)}
     if kwargs.get("num_workers", 0) == 0:
         kwargs["prefetch_factor"] = None
-    common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking)
+    on_gpu = device is not None and device.type == "cuda"
+    if on_gpu:
+        # Pinned batches copy to the GPU asynchronously: the step never waits on the host for its input.
+        # Host-to-device copies are always safe to overlap (the stream orders the kernels that read them).
+        kwargs["pin_memory"] = True
+    common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking or on_gpu)
     dataset = dataloader.dataset
     if isinstance(dataset, IterableDataset):
         batch_size = dataloader.batch_size
