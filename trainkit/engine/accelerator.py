@@ -19,9 +19,19 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from trainkit.engine import collectives
+from trainkit.config.deepspeed import AutoValues, DeepSpeedPlugin, translate
 from trainkit.config.dynamo import TorchDynamoPlugin
+from trainkit.config.errors import ConfigError
+from trainkit.config.fsdp import FSDPOptions
 from trainkit.engine.accumulation import GradientState
 from trainkit.engine.compile import compile_model, resolve_dynamo_plugin
+from trainkit.engine.deepspeed import (
+    DummyOptim,
+    DummyScheduler,
+    ShardedStateOptimizer,
+    deepspeed_optimizer,
+    deepspeed_scheduler,
+)
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.precision import Precision
 from trainkit.engine.process_control import only_when, split_inputs
@@ -88,6 +98,7 @@ class Accelerator:
         even_batches: bool | None = None,
         dynamo_backend: str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
     ) -> None:
         launch = _launch_config()
         handlers = {type(h): h for h in (kwargs_handlers or [])}
@@ -98,6 +109,22 @@ class Accelerator:
 
         precision = mixed_precision or (launch.mixed_precision if launch else None) or "no"
         scaler_kwargs = handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in handlers else None
+        self.deepspeed_plugin = deepspeed_plugin or (launch.deepspeed_plugin() if launch is not None else None)
+        self.deepspeed = None if self.deepspeed_plugin is None else translate(
+            self.deepspeed_plugin.deepspeed_config, AutoValues(
+                mixed_precision=precision, gradient_accumulation_steps=gradient_accumulation_steps or (
+                    launch.gradient_accumulation_steps if launch else None) or 1, world_size=self.state.world_size),
+            where="the DeepSpeed config")
+        if self.deepspeed is not None:  # a DeepSpeed config: ZeRO stages run on DDP/FSDP2 (config/deepspeed.py)
+            precision, scaler_kwargs = self.deepspeed.mixed_precision, self.deepspeed.scaler_kwargs or scaler_kwargs
+            gradient_accumulation_steps = self.deepspeed.gradient_accumulation_steps or gradient_accumulation_steps
+            if self.deepspeed.fsdp_config is not None:
+                from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
+
+                fsdp_plugin = FullyShardedDataParallelPlugin.from_options(FSDPOptions.from_mapping(
+                    self.deepspeed.fsdp_config, where="DeepSpeed zero_optimization"))
+            if self.deepspeed.notice() and self.state.is_main_process:
+                logger.warning(self.deepspeed.notice())
         self.precision = Precision(precision, self.state.device, scaler_kwargs)
 
         steps = gradient_accumulation_steps or (launch.gradient_accumulation_steps if launch else None) or 1
@@ -187,8 +214,8 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        """NO, MULTI_CPU, MULTI_GPU or FSDP."""
-        return self.strategy.distributed_type
+        """NO, MULTI_CPU, MULTI_GPU, FSDP, or DEEPSPEED when a DeepSpeed config asked (run on DDP/FSDP2)."""
+        return DistributedType.DEEPSPEED if self.deepspeed is not None else self.strategy.distributed_type
 
     @property
     def mixed_precision(self) -> str:
@@ -297,7 +324,7 @@ class Accelerator:
         prepared: list[Any] = list(args)
         kinds = [
             (nn.Module, lambda obj, place: self.prepare_model(obj, device_placement=place)),
-            (torch.optim.Optimizer, lambda obj, place: self.prepare_optimizer(obj)),
+            ((torch.optim.Optimizer, DummyOptim), lambda obj, place: self.prepare_optimizer(obj)),
             (DataLoader, lambda obj, place: self.prepare_data_loader(obj, device_placement=place)),
         ]
         # Models first: the optimizer may need re-binding to sharded parameters, schedulers need optimizers.
@@ -306,7 +333,7 @@ class Accelerator:
                 if isinstance(obj, kind) and not isinstance(obj, (PreparedOptimizer, PreparedDataLoader)):
                     prepared[i] = prepare_one(obj, placement[i])
         for i, obj in enumerate(args):
-            if _is_scheduler(obj):
+            if _is_scheduler(obj) or isinstance(obj, DummyScheduler):
                 prepared[i] = self.prepare_scheduler(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -321,18 +348,30 @@ class Accelerator:
         self._models.append(wrapped)
         return wrapped
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> PreparedOptimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer | DummyOptim) -> PreparedOptimizer:
         """Wrap an optimizer (re-bound to sharded parameters where the strategy replaced them)."""
+        placeholder = optimizer
+        optimizer = deepspeed_optimizer(self.deepspeed, optimizer)
         for model in self._models:
             self.strategy.rebind_optimizer(optimizer, model)
+        if self.deepspeed is not None and self.deepspeed.shard_optimizer_state and self.num_processes > 1:
+            optimizer = ShardedStateOptimizer(optimizer)  # ZeRO-1
         prepared = PreparedOptimizer(optimizer, self.precision, self.gradient_state)
+        prepared.placeholder = placeholder
+        if self.deepspeed is not None and self.deepspeed.gradient_clipping:
+            max_norm = self.deepspeed.gradient_clipping
+            prepared.before_step = lambda: self.clip_grad_norm_(_parameters_of(optimizer), max_norm)
         self._optimizers.append(prepared)
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
         """Wrap a learning-rate scheduler so it steps with the optimizer steps that happened."""
-        optimizers = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer] or self._optimizers
-        steps = 1 if self.split_batches else self.num_processes
+        built = isinstance(scheduler, DummyScheduler)
+        if built:  # DeepSpeed's schedules count optimizer steps: once per step on every process count
+            scheduler = deepspeed_scheduler(self.deepspeed, scheduler, self._optimizers)
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer
+                      or getattr(opt, "placeholder", None) is scheduler.optimizer] or self._optimizers
+        steps = 1 if self.split_batches or built else self.num_processes
         prepared = PreparedScheduler(scheduler, optimizers, self.gradient_state, steps_per_call=steps,
                                      step_with_optimizer=self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)
@@ -341,6 +380,10 @@ class Accelerator:
     def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
         """Shard a dataloader across processes (see :mod:`trainkit.engine.data`)."""
         place = self.device_placement if device_placement is None else device_placement
+        micro = self.deepspeed.micro_batch_size if self.deepspeed is not None else None
+        if micro is not None and dataloader.batch_size not in (None, micro):
+            raise ConfigError(f"The DeepSpeed config's train_micro_batch_size_per_gpu is {micro} but this dataloader's "
+                              f"batch size is {dataloader.batch_size}; make them agree (or write \"auto\").")
         prepared = prepare_data_loader(
             dataloader,
             num_processes=self.num_processes,
@@ -549,6 +592,10 @@ class Accelerator:
         return (f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
                 f"device={self.device}, mixed_precision={self.mixed_precision!r}, "
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps})")
+
+
+def _parameters_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [param for group in optimizer.param_groups for param in group["params"]]
 
 
 def _is_scheduler(obj: Any) -> bool:

@@ -41,5 +41,7 @@ report = {
 report["compiled"] = sorted({type(m).__name__ for m in model.modules() if getattr(m, "_compiled_call_impl", None)})
 report["state_dict_keys"] = sorted(accelerator.unwrap_model(model).state_dict())
 report["loss_finite"] = bool(torch.isfinite(loss).item())
+report["optimizer"] = type(getattr(optimizer, "optimizer", optimizer)).__name__
+report["offload_params"] = getattr(options, "offload_params", None)
 print("REPORT " + json.dumps(report), flush=True)
 accelerator.end_training()
