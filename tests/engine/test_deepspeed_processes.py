@@ -56,6 +56,10 @@ def test_optimizer_and_scheduler_blocks_build_torch_objects(results):
     assert lrs[0] < lrs[1] and all(a >= b for a, b in zip(lrs[1:], lrs[2:]))
 
 
+def test_checkpoints_of_zero1_and_zero3_resume_exactly(results):
+    assert results["checkpoint"] == {"1": 0.0, "3": 0.0}
+
+
 def test_training_arguments_deepspeed_gives_the_same_run(results):
     trainer = results["trainer"]
     assert trainer["deepspeed_type"] == "DEEPSPEED" and trainer["plain_type"] == "MULTI_CPU"

@@ -163,6 +163,16 @@ class ShardedStateOptimizer(ZeroRedundancyOptimizer):
         self._all_state_dicts = []  # the gathered copies are not needed between saves
         return state
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a full state; keys may be parameter names (torch.distributed.checkpoint's form) or indices."""
+        order = [key for group in state_dict["param_groups"] for key in group["params"]]
+        if any(not isinstance(key, int) for key in order):
+            index = {key: position for position, key in enumerate(order)}
+            state_dict = {"state": {index[key]: value for key, value in state_dict["state"].items()},
+                          "param_groups": [{**group, "params": [index[key] for key in group["params"]]}
+                                           for group in state_dict["param_groups"]]}
+        super().load_state_dict(state_dict)
+
 
 def deepspeed_optimizer(settings: Any, optimizer: torch.optim.Optimizer | DummyOptim) -> torch.optim.Optimizer:
     """The optimizer to prepare: the user's, or the one the config's ``optimizer`` block names (Accelerate's

@@ -91,6 +91,33 @@ def optimizer_blocks_run() -> dict:
     return {"optimizer": type(optimizer.optimizer).__name__, "lrs": lrs}
 
 
+def checkpoint_roundtrip(stage: int, folder: Path) -> float:
+    """save_state after 3 steps, load it into a fresh run: the next step's loss must be the uninterrupted one's."""
+    import torch
+
+    def make():
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=stage))
+        model = build_bert()
+        return (accelerator, *accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3)))
+
+    def step(accelerator, model, optimizer, index):
+        loss = model(**batch(index, accelerator.process_index)).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.item()
+
+    accelerator, model, optimizer = make()
+    for index in range(3):
+        step(accelerator, model, optimizer, index)
+    accelerator.save_state(str(folder))
+    expected = [step(accelerator, model, optimizer, index) for index in (3, 4)]
+    accelerator, model, optimizer = make()
+    accelerator.load_state(str(folder))
+    resumed = [step(accelerator, model, optimizer, index) for index in (3, 4)]
+    return max(gather_floats(max_difference(expected, resumed)))
+
+
 def trainer_runs(out: Path) -> dict:
     """The Trainer with and without TrainingArguments(deepspeed=<stage 3 JSON path>)."""
     import json
@@ -123,6 +150,7 @@ def main() -> None:
         results[name]["loss_diff"] = max(gather_floats(max_difference(results[name]["losses"],
                                                                       results["ddp"]["losses"])))
     results["blocks"] = optimizer_blocks_run()
+    results["checkpoint"] = {str(stage): checkpoint_roundtrip(stage, out / f"ckpt{stage}") for stage in (1, 3)}
     results["trainer"] = trainer_runs(out)
     write_results(out, "deepspeed", results)
 
