@@ -115,6 +115,7 @@ class Accelerator:
                 mixed_precision=precision, gradient_accumulation_steps=gradient_accumulation_steps or (
                     launch.gradient_accumulation_steps if launch else None) or 1, world_size=self.state.world_size),
             where="the DeepSpeed config")
+        self.state.deepspeed_plugin = self.deepspeed_plugin  # scripts read accelerator.state.deepspeed_plugin
         if self.deepspeed is not None:  # a DeepSpeed config: ZeRO stages run on DDP/FSDP2 (config/deepspeed.py)
             precision, scaler_kwargs = self.deepspeed.mixed_precision, self.deepspeed.scaler_kwargs or scaler_kwargs
             gradient_accumulation_steps = self.deepspeed.gradient_accumulation_steps or gradient_accumulation_steps

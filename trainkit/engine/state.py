@@ -104,6 +104,8 @@ class ProcessState:
     """
 
     _instance: ProcessState | None = None
+    deepspeed_plugin: object | None = None
+    """The DeepSpeed config of the last Accelerator made in this process (Accelerate scripts read it here)."""
 
     def __init__(self, *, cpu: bool = False, backend: str | None = None, timeout: timedelta | None = None) -> None:
         tune_allocator()  # process-wide, before the run allocates its first tensors
