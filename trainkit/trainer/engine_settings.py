@@ -59,8 +59,8 @@ def resolve_for_trainer(args: TrainingArguments) -> EngineConfig:
 
 def engine_config_for_trainer(config: EngineConfig) -> EngineConfig:
     """What the Trainer's Accelerator runs with: the Trainer accumulates itself, so its engine steps every call."""
-    steps = config.gradient_accumulation_steps
-    return config.replace(f"Trainer (runs its own {steps}-micro-batch windows)", gradient_accumulation_steps=1)
+    steps, source = config.gradient_accumulation_steps, config.source_of("gradient_accumulation_steps")
+    return config.replace(f"Trainer (runs its own windows of {steps}, from {source})", gradient_accumulation_steps=1)
 
 
 __all__ = ["engine_config_for_trainer", "resolve_for_trainer", "training_arguments_settings"]
