@@ -119,3 +119,9 @@ def test_the_launchers_handoff_is_read_by_the_resolver(tmp_path, monkeypatch) ->
 def test_resolver_imports_no_torch() -> None:
     code = "import sys, trainkit.config.engine; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, env=worker_env(), cwd=REPO, timeout=60)
+
+
+def test_informational_accelerate_keys_asking_for_something_are_listed_as_unused() -> None:
+    config = LaunchConfig.from_mapping({"downcast_bf16": "yes", "same_network": False, "main_training_function": "run"})
+    assert config.unused_keys == ["downcast_bf16", "same_network", "main_training_function"]
+    assert LaunchConfig.from_mapping({"downcast_bf16": "no", "same_network": True}).unused_keys == []
