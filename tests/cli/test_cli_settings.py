@@ -60,3 +60,13 @@ def test_flags_reach_a_trainer_script_whose_arguments_set_none_of_them(tmp_path)
         assert report["explicit"]["optimizer_steps"] == 2  # TrainingArguments(gradient_accumulation_steps=2) won
     assert len(notices) == 1, notices
     assert "gradient_accumulation_steps=2 from TrainingArguments(gradient_accumulation_steps=) overrides 4" in notices[0]
+
+
+def test_config_show_lists_the_engine_settings_a_script_receives(tmp_path) -> None:
+    result = trainkit("config", "--show", "--mixed_precision", "bf16", "--fsdp_sharding_strategy", "2",
+                      tmp_path=tmp_path, timeout=60)
+    assert result.returncode == 0, explain(result)
+    assert "(explicit arguments in the script win over these: explicit > launcher > default)" in result.stdout
+    assert "- mixed_precision = bf16  (launcher flag --mixed_precision)" in result.stdout
+    assert "- gradient_accumulation_steps = 1  (default)" in result.stdout
+    assert "-   sharding_strategy = SHARD_GRAD_OP  (launcher flag --fsdp_sharding_strategy)" in result.stdout

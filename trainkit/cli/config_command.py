@@ -62,7 +62,7 @@ def show(args: argparse.Namespace) -> int:
     print("Engine settings a launched script receives (explicit arguments in the script win over these: "
           f"{' > '.join(PRECEDENCE)}):")
     for line in resolve_engine_config(launch=config).describe():
-        print(f"  {line}")
+        print(f"  - {line}")
     notice = config.unused_keys_notice()
     if notice:
         print(notice)

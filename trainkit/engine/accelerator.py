@@ -1,9 +1,10 @@
 """The ``Accelerator`` facade: Accelerate's public API over trainkit's engine.
 
 Its configuration is resolved once (:mod:`trainkit.config.engine`: explicit arguments, then the
-launcher's config, then defaults) and each piece receives its part; then it delegates: process identity to :mod:`state`, wrapping to a :mod:`strategies` object, mixed precision
-to :mod:`precision`, data to :mod:`data`, communication to :mod:`collectives`, logging to
-:mod:`tracking` and checkpoints to :mod:`checkpointing`. It holds no strategy branching of its own.
+launcher's config, then defaults) and each piece receives its part; then it delegates: process identity
+to :mod:`state`, wrapping to a :mod:`strategies` object, mixed precision to :mod:`precision`, data to
+:mod:`data`, communication to :mod:`collectives`, logging to :mod:`tracking` and checkpoints to
+:mod:`checkpointing`. It holds no strategy branching of its own.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ class Accelerator:
     """Train one model-and-loop on one CPU, one GPU, many processes (DDP) or sharded (FSDP2).
 
     Arguments follow Hugging Face Accelerate's; an argument left at None is "not set" and takes the value
-    the launcher (``trainkit launch``) was given, else the default (docs/engine.md, "Where settings come
-    from"). The resolved settings and their sources are in :attr:`config`.
+    the launcher (``trainkit launch``) was given, else the default (docs/engine.md, "Where the configuration
+    comes from"). The resolved settings and their sources are in :attr:`config`.
 
     Args:
         mixed_precision: "no", "bf16" or "fp16" (fp16 scales the loss with a GradScaler, on CPU too).

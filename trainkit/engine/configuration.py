@@ -54,8 +54,8 @@ def resolve_for_accelerator(**arguments: Any) -> EngineConfig:
 
 
 def announce(config: EngineConfig, *, is_main_process: bool, device: torch.device) -> None:
-    """Say once, on the main process, what the resolution decided that a user could not see otherwise."""
-    logger.debug("trainkit engine config: %s", config.summary())
+    """Say once, on the main process, what the resolution decided that a user could not see otherwise
+    (the resolver itself logs the whole config on one DEBUG line)."""
     if not is_main_process:
         return
     for notice in config.notices:

@@ -37,7 +37,8 @@ class FullyShardedDataParallelPlugin:
     """FSDP options with Hugging Face Accelerate's field names, run on FSDP2 (``fully_shard``).
 
     Pass it as ``Accelerator(fsdp_plugin=...)``. Every field left at None is "not set": the launcher's
-    FSDP option of that name applies, else trainkit's default (see docs/engine.md, "Where settings come from").
+    FSDP option of that name applies, else trainkit's default (docs/engine.md, "Where the configuration
+    comes from").
     """
 
     sharding_strategy: Any = None
