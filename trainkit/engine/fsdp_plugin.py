@@ -166,7 +166,10 @@ class FullyShardedDataParallelPlugin:
 
     @classmethod
     def from_options(cls, options: FSDPOptions) -> FullyShardedDataParallelPlugin:
-        """A plugin for options that arrived from the launcher's config (or ``TrainingArguments``)."""
+        """A plugin whose every option is given by ``options`` (for scripts that hold :class:`FSDPOptions`).
+
+        The engine itself never round-trips through a plugin: launcher and ``TrainingArguments`` options go
+        from the configuration resolver straight to the FSDP strategy."""
         return cls(
             sharding_strategy=options.sharding_strategy, backward_prefetch=options.backward_prefetch,
             auto_wrap_policy=options.auto_wrap_policy, cpu_offload=options.offload_params,
