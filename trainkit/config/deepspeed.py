@@ -279,7 +279,7 @@ def _map_precision(config: Mapping[str, Any], auto: AutoValues, settings: DeepSp
     settings.mixed_precision = chosen or "no"
     settings.mapping.append(("bf16/fp16.enabled", f"mixed_precision: {settings.mixed_precision}"))
     block = config.get("fp16") or {}
-    if fp16 and isinstance(block, Mapping):
+    if isinstance(block, Mapping) and block:
         if float(block.get("loss_scale", 0) or 0) > 0:
             raise ConfigError(f"fp16.loss_scale {block['loss_scale']} in {where}: a static loss scale has no "
                               "counterpart in torch's GradScaler; use 0 (dynamic scaling).")
@@ -457,3 +457,24 @@ def plugin_from_yaml_block(block: Mapping[str, Any], *, where: str) -> DeepSpeed
     if block.get("deepspeed_config_file"):
         return DeepSpeedPlugin(hf_ds_config=block["deepspeed_config_file"], transformer_moe_cls_names=moe, **fields)
     return DeepSpeedPlugin(transformer_moe_cls_names=moe, **fields)
+
+
+def engine_values(config: Mapping[str, Any], *, where: str) -> dict[str, Any]:
+    """What a DeepSpeed config asks of the engine, as engine-config keys (``trainkit.config.engine``).
+
+    Only what the config states counts: ``"auto"`` and absent keys are left out, so the run's other
+    settings fill them by the usual precedence. ``"deepspeed"`` carries the translated config itself
+    (clipping, optimizer and scheduler blocks, batch sizes, fp16 scaler settings, the mapping).
+    """
+    settings = translate(config, AutoValues(), where=where)
+    values: dict[str, Any] = {"deepspeed": settings, "fsdp": settings.fsdp_config is not None}
+    for key, value in (settings.fsdp_config or {}).items():
+        values["fsdp." + key[len("fsdp_"):]] = value
+    for name in ("bf16", "fp16"):
+        block = config.get(name, config.get("bfloat16") if name == "bf16" else None)
+        enabled = block.get("enabled") if isinstance(block, Mapping) else block
+        if enabled is not None and enabled != "auto" and _truthy(enabled):
+            values["mixed_precision"] = name
+    if settings.gradient_accumulation_steps is not None:
+        values["gradient_accumulation_steps"] = settings.gradient_accumulation_steps
+    return values

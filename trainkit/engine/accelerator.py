@@ -1,9 +1,10 @@
 """The ``Accelerator`` facade: Accelerate's public API over trainkit's engine.
 
-It resolves its configuration (explicit arguments, then the launcher's config, then defaults), then
-delegates: process identity to :mod:`state`, wrapping to a :mod:`strategies` object, mixed precision
-to :mod:`precision`, data to :mod:`data`, communication to :mod:`collectives`, logging to
-:mod:`tracking` and checkpoints to :mod:`checkpointing`. It holds no strategy branching of its own.
+Its configuration is resolved once (:mod:`trainkit.config.engine`: explicit arguments, then the
+launcher's config, then defaults) and each piece receives its part; then it delegates: process identity
+to :mod:`state`, wrapping to a :mod:`strategies` object, mixed precision to :mod:`precision`, data to
+:mod:`data`, communication to :mod:`collectives`, logging to :mod:`tracking` and checkpoints to
+:mod:`checkpointing`. It holds no strategy branching of its own.
 """
 
 from __future__ import annotations
@@ -12,19 +13,21 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainkit.engine import collectives
-from trainkit.config.deepspeed import AutoValues, DeepSpeedPlugin, translate
+from trainkit.config.deepspeed import DeepSpeedPlugin
 from trainkit.config.dynamo import TorchDynamoPlugin
+from trainkit.config.engine import EngineConfig
 from trainkit.config.errors import ConfigError
-from trainkit.config.fsdp import FSDPOptions
+from trainkit.engine import collectives
 from trainkit.engine.accumulation import GradientState
-from trainkit.engine.compile import compile_model, resolve_dynamo_plugin
+from trainkit.engine.compile import compile_model
+from trainkit.engine.configuration import announce, resolve_for_accelerator
 from trainkit.engine.deepspeed import (
     DummyOptim,
     DummyScheduler,
@@ -52,17 +55,12 @@ from trainkit.utils.dataclasses import (
 logger = logging.getLogger(__name__)
 
 
-def _launch_config() -> Any:
-    from trainkit.config import load_launch_config_from_env
-
-    return load_launch_config_from_env()
-
-
 class Accelerator:
     """Train one model-and-loop on one CPU, one GPU, many processes (DDP) or sharded (FSDP2).
 
-    Arguments follow Hugging Face Accelerate's; an argument left at None takes the value the
-    launcher (``trainkit launch``) passed, else the default.
+    Arguments follow Hugging Face Accelerate's; an argument left at None is "not set" and takes the value
+    the launcher (``trainkit launch``) was given, else the default (docs/engine.md, "Where the configuration
+    comes from"). The resolved settings and their sources are in :attr:`config`.
 
     Args:
         mixed_precision: "no", "bf16" or "fp16" (fp16 scales the loss with a GradScaler, on CPU too).
@@ -79,6 +77,9 @@ class Accelerator:
         device_placement: move prepared models and batches to the device.
         dynamo_backend: compile prepared models with this torch.compile backend ("inductor", ...).
         dynamo_plugin: all torch.compile settings (:class:`TorchDynamoPlugin`), regional compilation included.
+        deepspeed_plugin: a DeepSpeed config (:class:`DeepSpeedPlugin`), run on DDP/FSDP2 (docs/deepspeed.md).
+        engine_config: an already resolved :class:`trainkit.config.engine.EngineConfig` (the Trainer passes
+            one); when given, the arguments above that it covers are not consulted.
     """
 
     def __init__(
@@ -99,39 +100,31 @@ class Accelerator:
         dynamo_backend: str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugin: DeepSpeedPlugin | None = None,
+        *,
+        engine_config: EngineConfig | None = None,
     ) -> None:
-        launch = _launch_config()
         handlers = {type(h): h for h in (kwargs_handlers or [])}
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
-        use_cpu = cpu if cpu is not None else bool(launch and launch.use_cpu)
-        self.state = ProcessState.get(cpu=use_cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
+        config = engine_config if engine_config is not None else resolve_for_accelerator(
+            mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu,
+            fsdp_plugin=fsdp_plugin, timeout=pg_kwargs.timeout, dynamo_backend=dynamo_backend,
+            dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin)
+        self.config = config
+        """The resolved settings and where each came from (see :class:`trainkit.config.engine.EngineConfig`)."""
+        self.state = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
+                                      timeout=timedelta(seconds=config.collective_timeout))
         self.device_placement = device_placement
+        announce(config, is_main_process=self.state.is_main_process, device=self.state.device)
 
-        precision = mixed_precision or (launch.mixed_precision if launch else None) or "no"
         scaler_kwargs = handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in handlers else None
-        self.deepspeed_plugin = deepspeed_plugin or (launch.deepspeed_plugin() if launch is not None else None)
-        self.deepspeed = None if self.deepspeed_plugin is None else translate(
-            self.deepspeed_plugin.deepspeed_config, AutoValues(
-                mixed_precision=precision, gradient_accumulation_steps=gradient_accumulation_steps or (
-                    launch.gradient_accumulation_steps if launch else None) or 1, world_size=self.state.world_size),
-            where="the DeepSpeed config")
-        self.state.deepspeed_plugin = self.deepspeed_plugin  # scripts read accelerator.state.deepspeed_plugin
-        if self.deepspeed is not None:  # a DeepSpeed config: ZeRO stages run on DDP/FSDP2 (config/deepspeed.py)
-            precision, scaler_kwargs = self.deepspeed.mixed_precision, self.deepspeed.scaler_kwargs or scaler_kwargs
-            gradient_accumulation_steps = self.deepspeed.gradient_accumulation_steps or gradient_accumulation_steps
-            if self.deepspeed.fsdp_config is not None:
-                from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
-
-                fsdp_plugin = FullyShardedDataParallelPlugin.from_options(FSDPOptions.from_mapping(
-                    self.deepspeed.fsdp_config, where="DeepSpeed zero_optimization"))
-            if self.deepspeed.notice() and self.state.is_main_process:
-                logger.warning(self.deepspeed.notice())
-        self.precision = Precision(precision, self.state.device, scaler_kwargs)
-
-        steps = gradient_accumulation_steps or (launch.gradient_accumulation_steps if launch else None) or 1
-        if int(steps) < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {steps}.")
-        self.gradient_state = GradientState(int(steps))
+        self.deepspeed = config.deepspeed
+        """The translated DeepSpeed config, when the run has one (its ZeRO stage runs on DDP/FSDP2)."""
+        self.deepspeed_plugin = deepspeed_plugin
+        self.state.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
+        if self.deepspeed is not None and self.deepspeed.scaler_kwargs and scaler_kwargs is None:
+            scaler_kwargs = self.deepspeed.scaler_kwargs
+        self.precision = Precision(config.mixed_precision, self.state.device, scaler_kwargs)
+        self.gradient_state = GradientState(config.gradient_accumulation_steps)
 
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not None:
@@ -147,8 +140,9 @@ class Accelerator:
         self.trackers: list[GeneralTracker] = []
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
-        self.strategy = self._choose_strategy(fsdp_plugin, launch, ddp_kwargs)
-        self.dynamo_plugin = resolve_dynamo_plugin(dynamo_backend, dynamo_plugin, launch)
+        self.strategy = self._choose_strategy(fsdp_plugin, config, ddp_kwargs)
+        self.dynamo_plugin = config.dynamo or TorchDynamoPlugin()
+        """torch.compile settings for prepared models (backend "no": nothing is compiled)."""
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -159,15 +153,11 @@ class Accelerator:
         self.step = 0
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
 
-    def _choose_strategy(self, fsdp_plugin: Any, launch: Any, ddp_kwargs: dict[str, Any]) -> Strategy:
-        if fsdp_plugin is None and launch is not None and launch.distributed_type == "FSDP":
-            from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
-
-            fsdp_plugin = FullyShardedDataParallelPlugin.from_options(launch.fsdp_config)
-        if fsdp_plugin is not None:
+    def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
+        if config.fsdp is not None:
             from trainkit.engine.strategies.fsdp import FSDPStrategy
 
-            return FSDPStrategy(self.state, fsdp_plugin, self.precision)
+            return FSDPStrategy(self.state, fsdp_plugin, self.precision, options=config.fsdp)
         if self.state.world_size > 1:
             return DDPStrategy(self.state, ddp_kwargs)
         return SingleDeviceStrategy(self.state)

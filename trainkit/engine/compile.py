@@ -70,15 +70,3 @@ def compile_model(model: nn.Module, plugin: TorchDynamoPlugin) -> nn.Module:
     logger.info("torch.compile (%s): whole %s", plugin.backend, type(model).__name__)
     return model
 
-
-def resolve_dynamo_plugin(backend: str | None, plugin: TorchDynamoPlugin | None, launch: object) -> TorchDynamoPlugin:
-    """The compile settings: an explicit plugin, else an explicit backend, else the launcher's, else none."""
-    if plugin is not None and backend is not None:
-        plugin = TorchDynamoPlugin(**{**vars(plugin), "backend": backend})
-    elif plugin is None:
-        launched = getattr(launch, "dynamo_config", None) or {}
-        plugin = TorchDynamoPlugin.from_config(launched, where="launch config dynamo_config")
-        if backend is not None:
-            plugin.backend = TorchDynamoPlugin(backend=backend).backend
-    check_backend(plugin)
-    return plugin

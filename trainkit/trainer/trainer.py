@@ -129,31 +129,22 @@ class Trainer:
         from trainkit.engine.accelerator import Accelerator
         from trainkit.utils.dataclasses import DataLoaderConfiguration
 
+        from .engine_settings import engine_config_for_trainer, resolve_for_trainer
+
         args = self.args
-        kwargs: dict[str, Any] = dict(
-            mixed_precision=args.mixed_precision,
+        if args.deepspeed is not None:
+            from .deepspeed import deepspeed_for_trainer
+
+            self._deepspeed = deepspeed_for_trainer(args)
+        # The arguments the script set > the launcher's flags and file > defaults (trainkit.config.engine).
+        config = resolve_for_trainer(args, deepspeed_plugin=self._deepspeed.plugin if self._deepspeed else None)
+        return Accelerator(
             # The Trainer accumulates itself (it must count the window's items first), so the engine steps every call.
-            gradient_accumulation_steps=1,
-            cpu=args.use_cpu or None,
+            engine_config=engine_config_for_trainer(config),
             dataloader_config=DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed),
             log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
             project_dir=args.output_dir,
         )
-        if args.fsdp_options is not None:
-            from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
-
-            kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin.from_options(args.fsdp_options)
-        if args.deepspeed is not None:
-            from trainkit.trainer.deepspeed import deepspeed_for_trainer
-
-            self._deepspeed = deepspeed_for_trainer(args)
-            kwargs["deepspeed_plugin"] = self._deepspeed.plugin
-        if args.torch_compile:
-            from trainkit.config.dynamo import TorchDynamoPlugin
-
-            kwargs["dynamo_plugin"] = TorchDynamoPlugin(backend=args.torch_compile_backend or "inductor",
-                                                        mode=args.torch_compile_mode)
-        return Accelerator(**kwargs)
 
     def _configure_logging(self) -> None:
         level = self.args.log_level if self.accelerator.is_main_process else self.args.log_level_replica
