@@ -211,6 +211,7 @@ class LaunchConfig:
         self.gpu_ids = parse_gpu_ids(self.gpu_ids)
         self.main_training_function = str(self.main_training_function or "main")
         self._finish_deepspeed()
+        self.unused_keys.sort()  # one stable order for the notice, whichever section found them
         if self.dynamo_config is not None:
             if not isinstance(self.dynamo_config, Mapping):
                 raise ConfigError(f"'dynamo_config' in {_where(self.provenance, 'dynamo_config')} must be a mapping, "
