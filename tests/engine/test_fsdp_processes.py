@@ -28,7 +28,7 @@ from trainkit.config import LaunchConfig, write_launch_handoff
 pytestmark = pytest.mark.multiprocess
 
 WORKERS = Path(__file__).parent / "workers"
-CPU_ENV = worker_env(CUDA_VISIBLE_DEVICES="")  # gloo on CPU even where a GPU exists (ranks would share it)
+CPU_ENV = worker_env(device="cpu")  # gloo on CPU even where a GPU exists (ranks would share it)
 LOSS_TOLERANCE = 1e-4
 ISSUE_YAML = FSDP_ISSUE_YAML
 
@@ -158,7 +158,7 @@ def test_four_ranks_hybrid_and_load_2_rank_checkpoint(out: Path) -> None:
 
 @pytest.mark.gpu
 def test_bf16_on_one_gpu(tmp_path: Path) -> None:
-    run_python(WORKERS / "fsdp_other_worlds.py", tmp_path, "--gpu-bf16", timeout=300)
+    run_python(WORKERS / "fsdp_other_worlds.py", tmp_path, "--gpu-bf16", timeout=300, env=worker_env(device="cuda"))
     entry = results(tmp_path, "gpu")["gpu_bf16"]
     assert entry["device"].startswith("cuda") and entry["all_dtensor"] and entry["mesh_shape"] == [1]
     assert entry["loss_diff"] <= 5e-3, entry

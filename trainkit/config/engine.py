@@ -28,6 +28,8 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .deepspeed import DeepSpeedSettings, engine_values
+from .dynamo import TorchDynamoPlugin
 from .fsdp import FSDPOptions
 from .handoff import load_launch_config_from_env
 from .launch import DEFAULT_SOURCE, LaunchConfig
@@ -65,6 +67,11 @@ class EngineConfig:
     minutes, so a rank that skipped a collective is reported in minutes)."""
     fsdp: FSDPOptions | None = None
     """FSDP options when the model is to be sharded, else None. Read-only."""
+    dynamo: TorchDynamoPlugin | None = None
+    """torch.compile settings for prepared models, or None (no compilation). Read-only."""
+    deepspeed: DeepSpeedSettings | None = None
+    """A DeepSpeed config, translated (config/deepspeed.py): its ZeRO stage, precision and accumulation are
+    already in the fields above; the rest (clipping, optimizer/scheduler blocks, batch sizes) is here."""
     provenance: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
     """Where each value came from, keyed by field name and ``fsdp.<option>``."""
     notices: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -85,7 +92,7 @@ class EngineConfig:
         lines = []
         for name in _FIELDS:
             value = getattr(self, name)
-            shown = "off" if name == "fsdp" and value is None else "on" if name == "fsdp" else value
+            shown = _shown(name, value)
             lines.append(f"{name} = {shown}  ({self.source_of(name)})")
             if name == "fsdp" and value is not None:
                 for option in FSDPOptions.field_names():
@@ -98,13 +105,25 @@ class EngineConfig:
         return "; ".join(line.strip() for line in self.describe())
 
 
-_FIELDS = ("mixed_precision", "gradient_accumulation_steps", "use_cpu", "collective_timeout", "fsdp")
+def _shown(name: str, value: Any) -> Any:
+    if name == "fsdp":
+        return "off" if value is None else "on"
+    if name == "dynamo":
+        return "off" if value is None else f"{value.backend} (regional: {value.use_regional_compilation})"
+    if name == "deepspeed":
+        return "off" if value is None else f"ZeRO stage {value.zero_stage}"
+    return value
+
+
+_FIELDS = ("mixed_precision", "gradient_accumulation_steps", "use_cpu", "collective_timeout", "fsdp", "dynamo",
+           "deepspeed")
 _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "mixed_precision": parse_mixed_precision,
     "gradient_accumulation_steps": lambda value, where: to_int("gradient_accumulation_steps", value, where, minimum=1),
     "use_cpu": lambda value, where: to_bool("use_cpu", value, where),
     "collective_timeout": lambda value, where: to_positive_float("collective_timeout", value, where),
     "fsdp": lambda value, where: to_bool("fsdp", value, where),
+    "dynamo": lambda value, where: value if value is not None and value.enabled else None,
 }
 # EngineConfig key -> LaunchConfig key, for the keys the launcher hands over as they are.
 _LAUNCH_KEYS = {"mixed_precision": "mixed_precision", "gradient_accumulation_steps": "gradient_accumulation_steps",
@@ -140,7 +159,25 @@ def _fsdp_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     return settings
 
 
-LAUNCHER_MAPPINGS: list[Callable[[LaunchConfig], dict[str, Setting]]] = [_plain_launch_settings, _fsdp_launch_settings]
+def _dynamo_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    if launch.dynamo_config is None:
+        return {}
+    source = launch.source_of("dynamo_config")
+    return {"dynamo": Setting(TorchDynamoPlugin.from_config(launch.dynamo_config, where=f"dynamo_config ({source})"),
+                              launcher_source(source, "dynamo_backend" if source == "flag" else "dynamo_config"))}
+
+
+def _deepspeed_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    plugin = launch.deepspeed_plugin()
+    if plugin is None:
+        return {}
+    source = launcher_source(launch.source_of("deepspeed_config"), "use_deepspeed")
+    values = engine_values(plugin.deepspeed_config, where=f"deepspeed_config ({source})")
+    return {key: Setting(value, f"{source} (DeepSpeed)") for key, value in values.items()}
+
+
+LAUNCHER_MAPPINGS: list[Callable[[LaunchConfig], dict[str, Setting]]] = [
+    _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings]
 """How the launcher's config becomes settings: one function per section (add DeepSpeed's here)."""
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 from .errors import ConfigError, check_choice, invalid_value_error
 
-DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP")
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED")
 # Accelerate's other distributed types: recognised so the error says "not supported" instead of "typo".
 UNSUPPORTED_DISTRIBUTED_TYPES = (
-    "DEEPSPEED", "MEGATRON_LM", "XLA", "TPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_SDAA",
+    "MEGATRON_LM", "XLA", "TPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_SDAA",
     "MULTI_MUSA", "MULTI_HPU",
 )
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
@@ -26,7 +26,7 @@ def parse_distributed_type(value: Any, where: str) -> str:
     if text in UNSUPPORTED_DISTRIBUTED_TYPES:
         raise ConfigError(
             f"distributed_type {value!r} ({where}) is an Accelerate setting that trainkit does not support. "
-            f"Supported: {', '.join(DISTRIBUTED_TYPES)} (FSDP covers ZeRO-3-style sharding).")
+            f"Supported: {', '.join(DISTRIBUTED_TYPES)} (DEEPSPEED configs run on FSDP2).")
     return check_choice("distributed_type", text, DISTRIBUTED_TYPES, where=where)
 
 

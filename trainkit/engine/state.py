@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from trainkit.engine.allocator import tune_allocator
+from trainkit.engine.devices import choose_device
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ class ProcessState:
     """
 
     _instance: ProcessState | None = None
+    deepspeed_plugin: object | None = None
+    """The DeepSpeed config of the last Accelerator made in this process (Accelerate scripts read it here)."""
 
     def __init__(self, *, cpu: bool | None = None, backend: str | None = None, timeout: timedelta | None = None) -> None:
         tune_allocator()  # process-wide, before the run allocates its first tensors
@@ -141,11 +144,7 @@ class ProcessState:
         cls._instance = None
 
     def _choose_device(self, cpu: bool) -> torch.device:
-        if cpu or not torch.cuda.is_available():
-            return torch.device("cpu")
-        index = self.local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
+        return choose_device(self.local_rank, self.local_world_size, cpu=cpu)
 
     def ensure_process_group(self) -> None:
         """Initialise the default process group if nobody has (also for a world of one, which FSDP needs)."""

@@ -146,6 +146,7 @@ class TrainingArguments:
 
     # --- FSDP ---
     fsdp: str | None = field(default=None, metadata={"help": "Enable FSDP: True, or words such as 'full_shard auto_wrap offload' (string or list).", "nargs": "?", "const": True})
+    deepspeed: dict | str | None = field(default=None, metadata={"help": "A DeepSpeed JSON config (path or dict, \"auto\" values filled from these arguments), run on FSDP2/DDP (docs/deepspeed.md)."})
     fsdp_config: dict | str | None = field(default=None, metadata={"help": "FSDP options: a dict, a YAML/JSON file, or a whole `trainkit config` file; keys with or without 'fsdp_'."})
 
     # --- Hub ---

@@ -9,8 +9,13 @@ a Trainer script whose arguments name neither — transformers itself treats ``f
 
 from __future__ import annotations
 
+from typing import Any
+
+from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, resolve_engine_config
 from trainkit.config.fsdp import FSDPOptions
+
+from trainkit.engine.configuration import deepspeed_plugin_settings, dynamo_from_arguments
 
 from .arguments import TrainingArguments
 
@@ -18,10 +23,18 @@ SOURCE = "TrainingArguments"
 _LAUNCHER_FILLED = "_trainkit_launcher_filled"  # fields the Trainer copied from the launcher into the arguments
 
 
-def training_arguments_settings(args: TrainingArguments) -> dict[str, Setting]:
-    """The engine settings ``args`` sets (see the module docstring for what "set" means)."""
+def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any = None) -> dict[str, Setting]:
+    """The engine settings ``args`` sets (see the module docstring for what "set" means).
+
+    ``deepspeed_plugin`` is ``args.deepspeed`` already translated for the Trainer (trainer/deepspeed.py).
+    """
     filled: dict[str, object] = getattr(args, _LAUNCHER_FILLED, {})
     settings: dict[str, Setting] = {}
+    if deepspeed_plugin is not None:
+        settings.update(deepspeed_plugin_settings(deepspeed_plugin, f"{SOURCE}(deepspeed=)"))
+    if args.torch_compile:
+        plugin = TorchDynamoPlugin(backend=args.torch_compile_backend or "inductor", mode=args.torch_compile_mode)
+        settings["dynamo"] = Setting(dynamo_from_arguments(None, plugin), f"{SOURCE}(torch_compile=True)")
     if args.fp16 or args.bf16:
         settings["mixed_precision"] = Setting(args.mixed_precision, f"{SOURCE}({'fp16' if args.fp16 else 'bf16'}=True)")
     if args.gradient_accumulation_steps not in (1, filled.get("gradient_accumulation_steps")):
@@ -42,14 +55,14 @@ def training_arguments_settings(args: TrainingArguments) -> dict[str, Setting]:
     return settings
 
 
-def resolve_for_trainer(args: TrainingArguments) -> EngineConfig:
+def resolve_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None) -> EngineConfig:
     """Resolve the engine's configuration for a Trainer, then give the arguments the launcher's accumulation.
 
     The Trainer runs its own accumulation windows from ``args.gradient_accumulation_steps``, so a value that
     came from the launcher is written there (and remembered as the launcher's, so a second Trainer on the
     same arguments still sees it as not set by the script).
     """
-    config = resolve_engine_config(training_arguments_settings(args))
+    config = resolve_engine_config(training_arguments_settings(args, deepspeed_plugin))
     steps = config.gradient_accumulation_steps
     if steps != args.gradient_accumulation_steps:
         args.gradient_accumulation_steps = steps

@@ -44,6 +44,7 @@ from .data import (
 )
 from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
 from .meter import TrainingMeter
+from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
 from .plan import TrainingPlan, accumulation_windows, training_plan
 
@@ -83,6 +84,7 @@ class Trainer:
         from trainkit.utils.random import set_seed
 
         set_seed(self.args.seed)  # before model_init, so its initial weights are reproducible
+        self._deepspeed: Any = None  # the translated TrainingArguments(deepspeed=...), when given
         self.accelerator = self.create_accelerator()
         self._configure_logging()
         self.hub = None
@@ -130,8 +132,12 @@ class Trainer:
         from .engine_settings import engine_config_for_trainer, resolve_for_trainer
 
         args = self.args
+        if args.deepspeed is not None:
+            from .deepspeed import deepspeed_for_trainer
+
+            self._deepspeed = deepspeed_for_trainer(args)
         # The arguments the script set > the launcher's flags and file > defaults (trainkit.config.engine).
-        config = resolve_for_trainer(args)
+        config = resolve_for_trainer(args, deepspeed_plugin=self._deepspeed.plugin if self._deepspeed else None)
         return Accelerator(
             # The Trainer accumulates itself (it must count the window's items first), so the engine steps every call.
             engine_config=engine_config_for_trainer(config),
@@ -217,13 +223,17 @@ class Trainer:
                 optimizer_cls, kwargs = self.optimizer_cls_and_kwargs
                 self.optimizer = optimizer_cls(parameter_groups(self.model, self.args.weight_decay), **kwargs)
             else:
-                self.optimizer = build_optimizer(self.model, self.args)
+                groups = parameter_groups(self.model, self.args.weight_decay)
+                self.optimizer = (optimizer_from_config(self._deepspeed, groups, self.args)
+                                  or build_optimizer(self.model, self.args))
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         """The ``args.lr_scheduler_type`` schedule over ``num_training_steps`` steps, unless one was given."""
         if self.lr_scheduler is None:
-            self.lr_scheduler = build_scheduler(optimizer or self.optimizer, self.args, num_training_steps)
+            optimizer = optimizer or self.optimizer
+            self.lr_scheduler = (scheduler_from_config(self._deepspeed, optimizer, self.args, num_training_steps)
+                                 or build_scheduler(optimizer, self.args, num_training_steps))
         return self.lr_scheduler
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
@@ -238,9 +248,7 @@ class Trainer:
             if not hasattr(self.model, "gradient_checkpointing_enable"):
                 raise ValueError(f"gradient_checkpointing=True, but {type(self.model).__name__} has no gradient_checkpointing_enable().")
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
-        wrapped = self.accelerator.prepare(self.model)
-        if self.args.torch_compile:
-            wrapped = torch.compile(wrapped, backend=self.args.torch_compile_backend or "inductor", mode=self.args.torch_compile_mode)
+        wrapped = self.accelerator.prepare(self.model)  # compiles in place when torch_compile is set
         self.model_wrapped = wrapped
         self.model = self.accelerator.unwrap_model(wrapped)
         self.callback_handler.model = self.model
