@@ -576,6 +576,13 @@ class Trainer:
             with open(os.path.join(self.args.output_dir, f"{split}_results.json"), "w", encoding="utf-8") as handle:
                 json.dump(metrics, handle, indent=2, sort_keys=True)
 
+    def create_model_card(self, **card_fields: Any) -> None:
+        """Write a draft model card (README.md) to ``output_dir``; keywords as transformers' (main process)."""
+        if self.is_world_process_zero():
+            from .hub import write_model_card
+
+            write_model_card(self, **card_fields)
+
     def push_to_hub(self, commit_message: str = "End of training") -> None:
         """Save the model to ``output_dir`` and upload it (needs push_to_hub=True, checked at construction)."""
         if self.hub is None:
