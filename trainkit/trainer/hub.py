@@ -59,9 +59,34 @@ def write_model_card(trainer, **card_fields) -> str:
     tags, model_name, finetuned_from, tasks, dataset_tags, dataset, dataset_args). Returns the path."""
     from transformers.modelcard import TrainingSummary
 
-    summary = TrainingSummary.from_trainer(trainer, **card_fields)
+    summary = TrainingSummary.from_trainer(_CardView(trainer), **card_fields)
     path = os.path.join(trainer.args.output_dir, "README.md")
     os.makedirs(trainer.args.output_dir, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(summary.to_model_card())
     return path
+
+
+class _CardView:
+    """The trainer as transformers' model-card code reads it: the same, except that ``args.lr_scheduler_type``
+    is transformers' SchedulerType enum (trainkit keeps the plain string)."""
+
+    def __init__(self, trainer) -> None:
+        self._trainer = trainer
+        self.args = _EnumArgs(trainer.args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._trainer, name)
+
+
+class _EnumArgs:
+    def __init__(self, args) -> None:
+        self._args = args
+
+    def __getattr__(self, name: str):
+        value = getattr(self._args, name)
+        if name == "lr_scheduler_type":
+            from transformers.trainer_utils import SchedulerType
+
+            return SchedulerType(value)
+        return value
