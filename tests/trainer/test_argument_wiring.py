@@ -229,3 +229,10 @@ def test_ddp_fields_reach_ddp_and_the_process_group(tmp_path):
         assert facts["should_log"] == facts["should_save"] == (rank == 0)
         assert facts["global_step"] == 3  # an unused parameter every step: trains only with find_unused_parameters
     assert seen[0]["weights"] == seen[1]["weights"]
+
+
+def test_memory_metrics_when_not_skipped(tmp_path):
+    args = _args(tmp_path, skip_memory_metrics=False)
+    trainer = Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(8), eval_dataset=IndexDataset(4))
+    assert "train_mem_cpu_alloc_delta" in trainer.train().metrics
+    assert "eval_mem_cpu_alloc_delta" in trainer.evaluate()

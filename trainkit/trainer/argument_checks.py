@@ -92,6 +92,8 @@ def _check_unavailable_features(args: Any) -> None:
         raise ConfigError(f"use_liger_kernel=True in {WHERE} needs the liger-kernel package (and a GPU); it is not installed.")
     if args.liger_kernel_config is not None and not args.use_liger_kernel:
         raise ConfigError(f"liger_kernel_config in {WHERE} only acts with use_liger_kernel=True.")
+    if not args.skip_memory_metrics and importlib.util.find_spec("psutil") is None:
+        raise ConfigError(f"skip_memory_metrics=False in {WHERE} needs the psutil package to measure memory; it is not installed.")
     if args.enable_jit_checkpoint:
         raise ConfigError(f"enable_jit_checkpoint=True in {WHERE}: trainkit's Trainer does not yet save on SIGTERM "
                           "itself; use save_strategy='steps' and resume_from_checkpoint=True after a preemption.")

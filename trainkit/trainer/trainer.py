@@ -83,6 +83,8 @@ class Trainer:
         self.args = args if args is not None else TrainingArguments()
         wiring.seed_run(self.args)  # before model_init, so its initial weights are reproducible
         self.is_in_train = False
+        self._memory_tracker = wiring.memory_tracker(self.args)
+        self._memory_tracker.start()  # named by its caller (__init__, train, evaluate): transformers' stages
         self.accelerator = self.create_accelerator()
         self._configure_logging()
         self.hub = None
@@ -119,6 +121,7 @@ class Trainer:
                                   is_world_process_zero=self.is_world_process_zero())
         self.control = TrainerControl()
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+        self._memory_tracker.stop_and_update_metrics()
 
     # ------------------------------------------------------------------ engine and process identity
 
@@ -270,8 +273,11 @@ class Trainer:
         (and, after a torchelastic restart, from the latest by itself unless told False)."""
         run = functools.partial(self._train_once, resume_from_checkpoint, ignore_keys_for_eval)
         self.is_in_train = True
+        self._memory_tracker.start()
         try:
-            return wiring.train_with_batch_size_search(self, run) if self.args.auto_find_batch_size else run()
+            output = wiring.train_with_batch_size_search(self, run) if self.args.auto_find_batch_size else run()
+            self._memory_tracker.stop_and_update_metrics(output.metrics)
+            return output
         finally:
             self.is_in_train = False
 
@@ -487,6 +493,7 @@ class Trainer:
             for name, part in dataset.items():
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
+        self._memory_tracker.start()
         self._prepare_model()
         wiring.cast_for_full_eval(self)
         dataloader = self.get_eval_dataloader(dataset)
@@ -495,6 +502,7 @@ class Trainer:
                                  ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
         metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, len(dataloader) if hasattr(dataloader, "__len__") else None))
+        self._memory_tracker.stop_and_update_metrics(metrics)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics

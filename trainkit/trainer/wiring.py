@@ -200,3 +200,11 @@ def cast_for_full_eval(trainer: Any) -> None:
         return
     dtype = torch.bfloat16 if args.bf16_full_eval else torch.float16
     trainer.model_wrapped.to(dtype=dtype)
+
+
+def memory_tracker(args: Any) -> Any:
+    """transformers' TrainerMemoryTracker: with skip_memory_metrics=False it adds ``*_mem_*_delta`` metrics
+    to train/evaluate results (CPU through psutil, plus the GPU where there is one)."""
+    from transformers.trainer_utils import TrainerMemoryTracker
+
+    return TrainerMemoryTracker(args.skip_memory_metrics)
