@@ -151,7 +151,22 @@ def test_process_attributes_scripts_read(tmp_path):
     assert (args.train_batch_size, args.eval_batch_size) == (3, 5)
     assert args.get_warmup_steps(95) == 10
     assert args.ddp_timeout_delta.total_seconds() == 1800
+    assert args.ddp_timeout_if_set is None  # transformers' default counts as not set: the launcher's timeout applies
     with args.main_process_first(desc="cache"):
         pass
     assert json.loads(args.to_json_string())["per_device_train_batch_size"] == 3
     assert all(isinstance(v, (bool, int, float, str)) for v in args.to_sanitized_dict().values())
+
+
+def test_engine_options_from_ddp_fields_and_accelerator_config():
+    from trainkit.trainer.wiring import engine_options
+    from trainkit.utils.dataclasses import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    args = TrainingArguments(ddp_find_unused_parameters=True, ddp_timeout=90, data_seed=3,
+                             accelerator_config='{"even_batches": false, "use_configured_state": true}')
+    options = engine_options(args)
+    handlers = {type(h): h for h in options["kwargs_handlers"]}
+    assert handlers[DistributedDataParallelKwargs].to_kwargs() == {"find_unused_parameters": True}
+    assert handlers[InitProcessGroupKwargs].timeout.total_seconds() == 90
+    assert options["dataloader_config"].even_batches is False and options["dataloader_config"].data_seed == 3
+    assert DistributedDataParallelKwargs not in {type(h) for h in engine_options(TrainingArguments())["kwargs_handlers"]}

@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 WHERE = "TrainingArguments"
 SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
 DDP_BACKENDS = ("nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl")
+DEFAULT_DDP_TIMEOUT_S = 1800  # transformers' default for ddp_timeout; left there, it counts as not set
 WORKER_START_METHODS = ("fork", "spawn", "forkserver")
 DEBUG_OPTIONS = ("underflow_overflow", "tpu_metrics_debug")
 # accelerator_config keys (transformers' AcceleratorConfig) that map onto the engine's DataLoaderConfiguration.
@@ -225,13 +226,19 @@ class ProcessAttributes:
         from trainkit.engine.state import ProcessState
 
         launch = load_launch_config_from_env()
-        cpu = bool(self.use_cpu or (launch is not None and launch.use_cpu))
-        return ProcessState.get(cpu=cpu, backend=self.ddp_backend, timeout=self.ddp_timeout_delta)
+        cpu = True if self.use_cpu or (launch is not None and launch.use_cpu) else None  # None: not asked for
+        return ProcessState.get(cpu=cpu, backend=self.ddp_backend, timeout=self.ddp_timeout_if_set)
 
     @property
     def ddp_timeout_delta(self) -> timedelta:
         """``ddp_timeout`` as a timedelta."""
         return timedelta(seconds=self.ddp_timeout)
+
+    @property
+    def ddp_timeout_if_set(self) -> timedelta | None:
+        """``ddp_timeout`` when changed from transformers' default (1800 s); None lets the launcher's
+        ``collective_timeout`` or the engine's default decide, as for any setting left unset."""
+        return None if self.ddp_timeout == DEFAULT_DDP_TIMEOUT_S else self.ddp_timeout_delta
 
     @property
     def process_index(self) -> int:

@@ -30,7 +30,7 @@ def engine_options(args: Any) -> dict[str, Any]:
                              "from the main process, so output_dir must be a filesystem all machines share.")
     ddp_fields = {"find_unused_parameters": args.ddp_find_unused_parameters, "bucket_cap_mb": args.ddp_bucket_cap_mb,
                   "broadcast_buffers": args.ddp_broadcast_buffers, "static_graph": args.ddp_static_graph}
-    handlers: list[Any] = [InitProcessGroupKwargs(backend=args.ddp_backend, timeout=args.ddp_timeout_delta)]
+    handlers: list[Any] = [InitProcessGroupKwargs(backend=args.ddp_backend, timeout=args.ddp_timeout_if_set)]
     chosen = {key: value for key, value in ddp_fields.items() if value is not None}
     if chosen:
         handlers.append(DistributedDataParallelKwargs(**chosen))
