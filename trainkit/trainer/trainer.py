@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from . import checkpoints, resume, wiring
+from . import checkpoints, hub, resume, wiring
 from .arguments import TrainingArguments
 from .callbacks import (
     CallbackHandler,
@@ -587,14 +587,14 @@ class Trainer:
     def create_model_card(self, **card_fields: Any) -> None:
         """Write a draft model card (README.md) to ``output_dir``; keywords as transformers' (main process)."""
         if self.is_world_process_zero():
-            from .hub import write_model_card
+            hub.write_model_card(self, **card_fields)
 
-            write_model_card(self, **card_fields)
-
-    def push_to_hub(self, commit_message: str = "End of training") -> None:
-        """Save the model to ``output_dir`` and upload it (needs push_to_hub=True, checked at construction)."""
+    def push_to_hub(self, commit_message: str = "End of training", **card_fields: Any) -> None:
+        """Save the model and a model card (``card_fields`` as create_model_card's) to ``output_dir`` and upload them
+        (needs push_to_hub=True, checked at construction)."""
         if self.hub is None:
             raise ValueError("push_to_hub() needs TrainingArguments(push_to_hub=True), which checks the Hub when the Trainer is created.")
         self.save_model()
+        self.create_model_card(**card_fields)
         if self.is_world_process_zero():
             self.hub.upload(self.args.output_dir, commit_message)
