@@ -45,6 +45,9 @@ def main(out: str) -> None:
     facts["timeout_s"] = trainer.accelerator.state.timeout.total_seconds()
     facts["backend"] = dist.get_backend()
     facts["weights"] = trainer.model.offset.tolist()
+    args.eval_use_gather_object, args.per_device_eval_batch_size = True, 2
+    predictions = trainer.predict(IndexDataset(13)).predictions  # 13 samples: the last global batch is padded
+    facts["gathered_objects"] = [float(p) for p in predictions]
     with open(os.path.join(out, f"rank{args.process_index}.json"), "w") as handle:
         json.dump(facts, handle)
 

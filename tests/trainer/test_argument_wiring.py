@@ -174,6 +174,13 @@ def test_batch_eval_metrics_and_unconcatenated_batches(tmp_path):
     assert output.metrics["test_loss"] == pytest.approx(0.0)
 
 
+def test_eval_use_gather_object_gives_one_object_per_sample(tmp_path):
+    args = _args(tmp_path, eval_use_gather_object=True, per_device_eval_batch_size=5)
+    output = Trainer(model=EchoModel(), args=args).predict(IndexDataset(13))
+    assert [float(p) for p in output.predictions] == [float(i) for i in range(13)]
+    assert output.metrics["test_loss"] == pytest.approx(0.0)
+
+
 def test_full_eval_precision_casts_the_model_outside_training(tmp_path):
     model = EchoModel()
     trainer = Trainer(model=model, args=_args(tmp_path, bf16_full_eval=True), eval_dataset=IndexDataset(4))
@@ -229,6 +236,8 @@ def test_ddp_fields_reach_ddp_and_the_process_group(tmp_path):
         assert facts["should_log"] == facts["should_save"] == (rank == 0)
         assert facts["global_step"] == 3  # an unused parameter every step: trains only with find_unused_parameters
     assert seen[0]["weights"] == seen[1]["weights"]
+    offset = seen[0]["weights"][0]
+    assert seen[0]["gathered_objects"] == pytest.approx([i + offset for i in range(13)])  # eval_use_gather_object
 
 
 def test_memory_metrics_when_not_skipped(tmp_path):

@@ -105,15 +105,19 @@ def _to_numpy(data):
 class _GatheredResults:
     """Accumulates gathered per-batch results; spills to host memory every ``spill_every`` batches."""
 
-    def __init__(self, spill_every: int | None, concat: bool = True) -> None:
+    def __init__(self, spill_every: int | None, concat: bool = True, objects: bool = False) -> None:
         self.spill_every = spill_every
         self.concat = concat  # False (eval_do_concat_batches=False): one host entry per batch, in a list
+        self.objects = objects  # eval_use_gather_object: values are per-sample lists, kept as one flat list
         self.on_device: dict[str, Any] = {}
         self.on_host: dict[str, Any] = {}
         self.batches_since_spill = 0
 
     def add(self, name: str, value) -> None:
         if value is None:
+            return
+        if self.objects:
+            self.on_host.setdefault(name, []).extend(_to_numpy(v) if isinstance(v, torch.Tensor) else v for v in value)
             return
         if not self.concat:
             self.on_host.setdefault(name, []).append(_to_numpy(value) if _all_tensors(value) else value)
@@ -160,12 +164,14 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only:
     model.eval()
     logger.debug("Running %s", description)
     trainer.callback_handler.eval_dataloader = dataloader
-    results = _GatheredResults(args.eval_accumulation_steps, concat=args.eval_do_concat_batches)
+    results = _GatheredResults(args.eval_accumulation_steps, concat=args.eval_do_concat_batches,
+                               objects=args.eval_use_gather_object)
     wants_inputs = "inputs" in args.include_for_metrics
     gather = accelerator.gather_for_metrics
     if args.eval_use_gather_object:
-        def gather(data):
-            return accelerator.gather_for_metrics(data, use_gather_object=True)
+        def gather(data):  # one object per sample, gathered as Python objects (strings, ragged structures, ...)
+            samples = list(data) if isinstance(data, (torch.Tensor, list, tuple)) else [data]
+            return accelerator.gather_for_metrics(samples, use_gather_object=True)
     batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None and not prediction_loss_only
     metrics: dict[str, Any] = {}
     for inputs in dataloader:
@@ -208,11 +214,18 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only:
         metrics = dict(trainer.compute_metrics(prediction) or {})
     metrics = {k: _plain_number(v) for k, v in metrics.items()}
     if losses is not None and len(losses):
-        metrics[f"{metric_key_prefix}_loss"] = float(np.mean(np.concatenate(losses) if isinstance(losses, list) else losses))
+        metrics[f"{metric_key_prefix}_loss"] = float(np.mean(np.concatenate([np.atleast_1d(x) for x in losses]) if isinstance(losses, list) else losses))
     metrics = {k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}
-    num_samples = _num_rows(predictions, label_ids, losses) if args.eval_do_concat_batches else (
-        sum(len(batch) for batch in losses) if losses else None)
+    num_samples = _count_samples(predictions, label_ids, losses, args)
     return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=num_samples)
+
+
+def _count_samples(predictions, label_ids, losses, args) -> int | None:
+    if args.eval_use_gather_object:  # flat per-sample lists
+        return len(losses) if losses is not None else len(predictions) if predictions is not None else None
+    if not args.eval_do_concat_batches:  # one array per batch
+        return sum(len(batch) for batch in losses) if losses else None
+    return _num_rows(predictions, label_ids, losses)
 
 
 def _num_rows(*candidates) -> int | None:
