@@ -146,7 +146,7 @@ class Trainer:
         return Accelerator(**kwargs)
 
     def _configure_logging(self) -> None:
-        level = self.args.log_level if self.accelerator.is_main_process else self.args.log_level_replica
+        level = self.args.log_level if self.args.should_log else self.args.log_level_replica  # log_on_each_node
         if level != "passive":
             logging.getLogger("trainkit").setLevel(getattr(logging, level.upper()))
 
