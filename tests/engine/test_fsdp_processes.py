@@ -86,6 +86,14 @@ def test_full_state_dict_on_every_rank_with_torch_config(out: Path) -> None:
     assert entry["state_dict_type"] == "FULL_STATE_DICT"
 
 
+def test_optim_state_dict_config_decides_where_full_optimizer_state_goes(out: Path) -> None:
+    entry = results(out, "two_ranks")["optim_state_dict_config"]
+    every_rank, rank0_only = entry["every_rank"], entry["rank0_only"]
+    assert every_rank["tensors"][0] == every_rank["tensors"][1] > 0  # rank0_only=False: full state on both ranks
+    assert rank0_only["tensors"] == [every_rank["tensors"][0], 0]  # rank0_only=True: rank 1 gets {}
+    assert rank0_only["devices"][0] == ["cpu"]  # offload_to_cpu=True
+
+
 def test_ignored_modules_are_left_unsharded(out: Path) -> None:
     assert results(out, "two_ranks")["ignored_modules"] == {"classifier_plain": True, "encoder_sharded": True,
                                                             "finite": True}

@@ -16,6 +16,7 @@ from trainkit.config import (
     default_config_path,
     write_config_file,
 )
+from trainkit.config.engine import PRECEDENCE, resolve_engine_config
 
 from .config_flags import FLAG_SOURCE, add_config_flags, config_layers, describe_source, flags_to_mapping
 from .config_questions import Asker, ask_launch_config, gpus_probably_present
@@ -58,6 +59,10 @@ def show(args: argparse.Namespace) -> int:
     print(f"Resolved launch configuration ({order}):")
     for line in format_config(config):
         print(line)
+    print("Engine settings a launched script receives (explicit arguments in the script win over these: "
+          f"{' > '.join(PRECEDENCE)}):")
+    for line in resolve_engine_config(launch=config).describe():
+        print(f"  - {line}")
     notice = config.unused_keys_notice()
     if notice:
         print(notice)

@@ -66,7 +66,7 @@ class LaunchConfig:
     rdzv_backend: str = "static"
     """static | c10d: torchrun's rendezvous backend for several machines."""
     same_network: bool = True
-    """Accelerate's key; accepted, informational."""
+    """Accelerate's key; accepted (false has no effect and is listed in ``unused_keys``)."""
     gpu_ids: str | None = "all"
     """"all" or a comma-separated list of GPU indices made visible to the workers."""
     debug: bool = False
@@ -76,9 +76,9 @@ class LaunchConfig:
     fsdp_config: FSDPOptions | None = None
     """FSDP options; present exactly when distributed_type is FSDP."""
     main_training_function: str = "main"
-    """Accelerate's key (used by notebook launchers); accepted, informational."""
+    """Accelerate's key (used by notebook launchers); accepted (another name is listed in ``unused_keys``)."""
     downcast_bf16: bool = False
-    """Accelerate's TPU key; accepted (written as 'no'/'yes' like Accelerate)."""
+    """Accelerate's TPU key; accepted (written as 'no'/'yes' like Accelerate; 'yes' is listed in ``unused_keys``)."""
     collective_timeout: float = 600.0
     """Seconds before a collective that never completes fails the job (gloo's own default is 30 min)."""
     max_restarts: int = 0
@@ -153,6 +153,12 @@ class LaunchConfig:
                 if "fsdp_config" not in self.unused_keys:
                     self.unused_keys.append("fsdp_config")
             self.fsdp_config = None
+        # Accelerate's informational keys: their default values are what trainkit does anyway; any other
+        # value asks for something trainkit does not do (a TPU cast, a notebook entry point), so it is listed.
+        for name, does_nothing in (("downcast_bf16", self.downcast_bf16), ("same_network", not self.same_network),
+                                   ("main_training_function", self.main_training_function != "main")):
+            if does_nothing and name not in self.unused_keys:
+                self.unused_keys.append(name)
         for name in self.field_names():
             self.provenance.setdefault(name, DEFAULT_SOURCE)
         if self.fsdp_config is not None:

@@ -1,9 +1,10 @@
 """The ``Accelerator`` facade: Accelerate's public API over trainkit's engine.
 
-It resolves its configuration (explicit arguments, then the launcher's config, then defaults), then
-delegates: process identity to :mod:`state`, wrapping to a :mod:`strategies` object, mixed precision
-to :mod:`precision`, data to :mod:`data`, communication to :mod:`collectives`, logging to
-:mod:`tracking` and checkpoints to :mod:`checkpointing`. It holds no strategy branching of its own.
+Its configuration is resolved once (:mod:`trainkit.config.engine`: explicit arguments, then the
+launcher's config, then defaults) and each piece receives its part; then it delegates: process identity
+to :mod:`state`, wrapping to a :mod:`strategies` object, mixed precision to :mod:`precision`, data to
+:mod:`data`, communication to :mod:`collectives`, logging to :mod:`tracking` and checkpoints to
+:mod:`checkpointing`. It holds no strategy branching of its own.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from trainkit.config.engine import EngineConfig
 from trainkit.engine import collectives
 from trainkit.engine.accumulation import GradientState
+from trainkit.engine.configuration import announce, resolve_for_accelerator
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.precision import Precision
 from trainkit.engine.process_control import only_when, split_inputs
@@ -40,17 +44,12 @@ from trainkit.utils.dataclasses import (
 logger = logging.getLogger(__name__)
 
 
-def _launch_config() -> Any:
-    from trainkit.config import load_launch_config_from_env
-
-    return load_launch_config_from_env()
-
-
 class Accelerator:
     """Train one model-and-loop on one CPU, one GPU, many processes (DDP) or sharded (FSDP2).
 
-    Arguments follow Hugging Face Accelerate's; an argument left at None takes the value the
-    launcher (``trainkit launch``) passed, else the default.
+    Arguments follow Hugging Face Accelerate's; an argument left at None is "not set" and takes the value
+    the launcher (``trainkit launch``) was given, else the default (docs/engine.md, "Where the configuration
+    comes from"). The resolved settings and their sources are in :attr:`config`.
 
     Args:
         mixed_precision: "no", "bf16" or "fp16" (fp16 scales the loss with a GradScaler, on CPU too).
@@ -65,6 +64,8 @@ class Accelerator:
         kwargs_handlers: :class:`DistributedDataParallelKwargs`, :class:`GradScalerKwargs`,
             :class:`InitProcessGroupKwargs`.
         device_placement: move prepared models and batches to the device.
+        engine_config: an already resolved :class:`trainkit.config.engine.EngineConfig` (the Trainer passes
+            one); when given, the arguments above that it covers are not consulted.
     """
 
     def __init__(
@@ -82,22 +83,24 @@ class Accelerator:
         device_placement: bool = True,
         split_batches: bool | None = None,
         even_batches: bool | None = None,
+        *,
+        engine_config: EngineConfig | None = None,
     ) -> None:
-        launch = _launch_config()
         handlers = {type(h): h for h in (kwargs_handlers or [])}
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
-        use_cpu = cpu if cpu is not None else bool(launch and launch.use_cpu)
-        self.state = ProcessState.get(cpu=use_cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
+        config = engine_config if engine_config is not None else resolve_for_accelerator(
+            mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu,
+            fsdp_plugin=fsdp_plugin, timeout=pg_kwargs.timeout)
+        self.config = config
+        """The resolved settings and where each came from (see :class:`trainkit.config.engine.EngineConfig`)."""
+        self.state = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
+                                      timeout=timedelta(seconds=config.collective_timeout))
         self.device_placement = device_placement
+        announce(config, is_main_process=self.state.is_main_process, device=self.state.device)
 
-        precision = mixed_precision or (launch.mixed_precision if launch else None) or "no"
         scaler_kwargs = handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in handlers else None
-        self.precision = Precision(precision, self.state.device, scaler_kwargs)
-
-        steps = gradient_accumulation_steps or (launch.gradient_accumulation_steps if launch else None) or 1
-        if int(steps) < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {steps}.")
-        self.gradient_state = GradientState(int(steps))
+        self.precision = Precision(config.mixed_precision, self.state.device, scaler_kwargs)
+        self.gradient_state = GradientState(config.gradient_accumulation_steps)
 
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not None:
@@ -113,7 +116,7 @@ class Accelerator:
         self.trackers: list[GeneralTracker] = []
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
-        self.strategy = self._choose_strategy(fsdp_plugin, launch, ddp_kwargs)
+        self.strategy = self._choose_strategy(fsdp_plugin, config, ddp_kwargs)
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -124,15 +127,11 @@ class Accelerator:
         self.step = 0
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
 
-    def _choose_strategy(self, fsdp_plugin: Any, launch: Any, ddp_kwargs: dict[str, Any]) -> Strategy:
-        if fsdp_plugin is None and launch is not None and launch.distributed_type == "FSDP":
-            from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
-
-            fsdp_plugin = FullyShardedDataParallelPlugin.from_options(launch.fsdp_config)
-        if fsdp_plugin is not None:
+    def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
+        if config.fsdp is not None:
             from trainkit.engine.strategies.fsdp import FSDPStrategy
 
-            return FSDPStrategy(self.state, fsdp_plugin, self.precision)
+            return FSDPStrategy(self.state, fsdp_plugin, self.precision, options=config.fsdp)
         if self.state.world_size > 1:
             return DDPStrategy(self.state, ddp_kwargs)
         return SingleDeviceStrategy(self.state)

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from trainkit.config.errors import check_choice
+from trainkit.config.values import MIXED_PRECISIONS, parse_mixed_precision
 
-PRECISIONS = ("no", "fp16", "bf16")
+PRECISIONS = MIXED_PRECISIONS  # one vocabulary: trainkit.config.values
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -25,7 +25,7 @@ class Precision:
     """Autocast and loss scaling for one of ``"no"``, ``"bf16"``, ``"fp16"`` on ``device``."""
 
     def __init__(self, mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None) -> None:
-        self.mode = check_choice("mixed_precision", mode, PRECISIONS, where="Accelerator(mixed_precision=...)")
+        self.mode = parse_mixed_precision(mode, where="Accelerator(mixed_precision=...)")
         self.device = device
         self.dtype: torch.dtype | None = _DTYPES.get(self.mode)
         self.scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {})) if self.mode == "fp16" else None

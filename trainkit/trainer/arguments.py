@@ -406,7 +406,7 @@ class TrainingArguments(ProcessAttributes):
         dataset cache the others then read; as in transformers."""
         from trainkit.engine.state import ProcessState
 
-        state = ProcessState.get(cpu=self.use_cpu)
+        state = ProcessState.get(cpu=self.use_cpu or None)  # False = not set: the launcher may say --cpu
         logger.debug("%s: main process first (%s)", desc, "per machine" if local else "global")
         return state.local_main_process_first() if local else state.main_process_first()
 

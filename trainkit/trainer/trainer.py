@@ -129,21 +129,18 @@ class Trainer:
         """The engine, configured from the arguments (the engine itself never sees TrainingArguments)."""
         from trainkit.engine.accelerator import Accelerator
 
+        from .engine_settings import engine_config_for_trainer, resolve_for_trainer
+
         args = self.args
-        kwargs: dict[str, Any] = dict(
-            mixed_precision=args.mixed_precision,
+        # The arguments the script set > the launcher's flags and file > defaults (trainkit.config.engine).
+        config = resolve_for_trainer(args)
+        return Accelerator(
             # The Trainer accumulates itself (it must count the window's items first), so the engine steps every call.
-            gradient_accumulation_steps=1,
-            cpu=args.use_cpu or None,
+            engine_config=engine_config_for_trainer(config),
             **wiring.engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
             log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
             project_dir=args.output_dir,
         )
-        if args.fsdp_options is not None:
-            from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
-
-            kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin.from_options(args.fsdp_options)
-        return Accelerator(**kwargs)
 
     def _configure_logging(self) -> None:
         level = self.args.log_level if self.args.should_log else self.args.log_level_replica  # log_on_each_node
