@@ -42,6 +42,8 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
                                                           f"{SOURCE}(gradient_accumulation_steps=)")
     if args.use_cpu:
         settings["use_cpu"] = Setting(True, f"{SOURCE}(use_cpu=True)")
+    if args.ddp_timeout_if_set is not None:  # 1800 (transformers' default) counts as not set
+        settings["collective_timeout"] = Setting(float(args.ddp_timeout), f"{SOURCE}(ddp_timeout=)")
     options = args.fsdp_options
     if options is not None:
         settings["fsdp"] = Setting(True, f"{SOURCE}(fsdp={' '.join(args.fsdp)!r})")
