@@ -80,6 +80,17 @@ class UnusedColumnsDropper:
         return self.collate_fn(features)
 
 
+def collator_dropping_unknown_columns(collate_fn: Any, dataset: Any, accepted: set[str] | bool,
+                                      description: str) -> Any:
+    """``collate_fn``, behind an :class:`UnusedColumnsDropper` for a stream whose columns are unknown until read.
+
+    ``accepted``: the columns to keep, or False when ``remove_unused_columns`` is off.
+    """
+    if accepted and getattr(dataset, "column_names", False) is None:
+        return UnusedColumnsDropper(collate_fn, set(accepted), description)
+    return collate_fn
+
+
 def default_collator(processing_class: Any):
     """transformers' DataCollatorWithPadding for a tokenizer, else a collator for dicts or tuples."""
     if processing_class is not None and hasattr(processing_class, "pad"):

@@ -15,6 +15,8 @@ class DistributedType(str, enum.Enum):
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     FSDP = "FSDP"
+    DEEPSPEED = "DEEPSPEED"
+    """A DeepSpeed config, run on trainkit's DDP/FSDP2 engine (see docs/deepspeed.md)."""
 
 
 @dataclasses.dataclass

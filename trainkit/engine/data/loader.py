@@ -84,8 +84,8 @@ class PreparedDataLoader(DataLoader):
 
     # -- position ---------------------------------------------------------------------------------
     @property
-    def _shard(self) -> ShardedBatchSampler | IterableDatasetShard:
-        return self.dataset if isinstance(self.dataset, IterableDatasetShard) else self.batch_sampler  # type: ignore[return-value]
+    def _shard(self) -> ShardedBatchSampler | IterableDatasetShard | None:
+        return self.dataset if isinstance(self.dataset, IterableDatasetShard) else self.batch_sampler
 
     @property
     def is_stream(self) -> bool:
@@ -157,7 +157,8 @@ class PreparedDataLoader(DataLoader):
             self.progress.samples_seen = skip
         else:
             self.progress.samples_seen = skip
-            self._shard.skip_samples = skip
+            if self._shard is not None:  # None: an unbatched loader (batch_size=None) on one process
+                self._shard.skip_samples = skip
         self._loader_generator.manual_seed(self.seed * 1_000_003 + epoch)
         self._yielded = 0
         self.end_of_dataloader = False
@@ -186,7 +187,7 @@ class PreparedDataLoader(DataLoader):
                 if upcoming is _END:
                     self.end_of_dataloader = True
                     if not (self.is_stream or self.dispatch_to):
-                        self.remainder = self._shard.final_real_samples
+                        self.remainder = self._shard.final_real_samples if self._shard is not None else -1
                 if self.global_batch_size:
                     self.progress.samples_seen += self.global_batch_size
                 batch, self.real_counts, cursor = current  # type: ignore[misc]  # not _END here
@@ -266,7 +267,12 @@ def prepare_data_loader(
     kwargs = {name: getattr(dataloader, name) for name in _PASSTHROUGH if hasattr(dataloader, name)}
     if kwargs.get("num_workers", 0) == 0:
         kwargs["prefetch_factor"] = None
-    common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking)
+    on_gpu = device is not None and device.type == "cuda"
+    if on_gpu:
+        # Pinned batches copy to the GPU asynchronously: the step never waits on the host for its input.
+        # Host-to-device copies are always safe to overlap (the stream orders the kernels that read them).
+        kwargs["pin_memory"] = True
+    common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking or on_gpu)
     dataset = dataloader.dataset
     if isinstance(dataset, IterableDataset) or _is_stream(dataset):
         return _prepare_stream(dataloader, num_processes, process_index, config, seed, common, kwargs)
