@@ -15,7 +15,12 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "trainkit"
 MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 60
 # "module:function" -> why it may be longer. Keep this list short; prefer splitting the function.
-LONG_FUNCTIONS_ALLOWED: dict[str, str] = {}
+LONG_FUNCTIONS_ALLOWED: dict[str, str] = {
+    "trainkit.engine.accelerator:__init__": "Accelerate's constructor: one statement per public argument it takes, "
+                                            "in the documented order (DeepSpeed and dynamo included)",
+    "trainkit.trainer.evaluation:evaluation_loop": "transformers' evaluation loop in one readable pass: gather, "
+                                                   "batch_eval_metrics and compute_metrics side by side",
+}
 
 
 def _modules() -> dict[str, tuple[Path, bool]]:

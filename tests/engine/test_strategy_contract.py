@@ -18,17 +18,21 @@ def _state(world_size: int = 1) -> ProcessState:
     return state
 
 
-def test_registry_picks_the_first_strategy_that_applies() -> None:
+def _fsdp_request() -> StrategyRequest:
     from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
 
+    plugin = FullyShardedDataParallelPlugin()
+    return StrategyRequest(_state(1), fsdp_plugin=plugin, fsdp_options=plugin.options)
+
+
+def test_registry_picks_the_first_strategy_that_applies() -> None:
     assert [entry.name for entry in STRATEGIES] == ["fsdp", "ddp", "single"]
     assert strategy_entry(StrategyRequest(_state(1))).name == "single"
     assert strategy_entry(StrategyRequest(_state(2))).name == "ddp"
-    assert strategy_entry(StrategyRequest(_state(1), fsdp_plugin=FullyShardedDataParallelPlugin())).name == "fsdp"
+    assert strategy_entry(_fsdp_request()).name == "fsdp"
 
 
 def test_capabilities_are_stated_per_strategy() -> None:
-    from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
     from trainkit.engine.strategies.fsdp import FSDPStrategy
 
     single = select_strategy(StrategyRequest(_state(1)))
@@ -37,16 +41,13 @@ def test_capabilities_are_stated_per_strategy() -> None:
     assert ddp.capabilities.supports_no_sync and not ddp.capabilities.shards_parameters
     fsdp = FSDPStrategy.capabilities
     assert fsdp.shards_parameters and fsdp.needs_sharded_grad_scaler and fsdp.replaces_parameters
-    assert isinstance(select_strategy(StrategyRequest(_state(1), fsdp_plugin=FullyShardedDataParallelPlugin())),
-                      FSDPStrategy)
+    assert isinstance(select_strategy(_fsdp_request()), FSDPStrategy)
 
 
 def test_fsdp_builds_a_sharded_grad_scaler_with_the_scripts_settings() -> None:
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
-
-    fsdp = select_strategy(StrategyRequest(_state(1), fsdp_plugin=FullyShardedDataParallelPlugin()))
+    fsdp = select_strategy(_fsdp_request())
     precision = fsdp.build_precision("fp16", {"init_scale": 1024.0, "growth_interval": 7})
     assert isinstance(precision.scaler, ShardedGradScaler) and fsdp.precision is precision
     assert precision.scaler.get_scale() == 1024.0 and precision.scaler.get_growth_interval() == 7

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainkit.engine.nested import map_tensors
+from trainkit.engine.nested import iter_leaves, map_tensors
 
 
 def _world() -> int:
@@ -119,3 +119,51 @@ def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any
 def truncate(data: Any, length: int) -> Any:
     """Keep the first ``length`` rows of every tensor (drops the padding of the last global batch)."""
     return recursively_apply(lambda t: t[:length], data)
+
+
+def keep_real_rows(data: Any, real_counts: list[int]) -> Any:
+    """From rows gathered in rank order (equal parts per rank), keep the first ``real_counts[r]`` of rank r's part."""
+    def keep(rows: Any) -> Any:
+        per_rank = len(rows) // len(real_counts)
+        index = [r * per_rank + i for r, count in enumerate(real_counts) for i in range(min(count, per_rank))]
+        if isinstance(rows, torch.Tensor):
+            return rows[torch.tensor(index, dtype=torch.long, device=rows.device)]
+        return [rows[i] for i in index]
+
+    if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
+        return keep(data)
+    return recursively_apply(keep, data)
+
+
+def scatter_object(objects: list[Any] | None, from_process: int = 0) -> Any:
+    """``objects[rank]`` on each process, sent from ``from_process`` (which alone passes the list)."""
+    if _world() == 1:
+        return objects[0] if objects else None
+    received: list[Any] = [None]
+    dist.scatter_object_list(received, objects if dist.get_rank() == from_process else None, src=from_process)
+    return received[0]
+
+
+def gather_for_metrics(data: Any, use_gather_object: bool = False, *, real_counts: list[int] | None = None,
+                       remainder: int = -1) -> Any:
+    """Gather ``data``, then drop the rows that only padded the last batch: a stream's padding (``real_counts``:
+    real rows per rank) or the even-batches padding of the last global batch (``remainder`` real rows, -1: none)."""
+    tensors_only = all(isinstance(t, torch.Tensor) for t in iter_leaves(data))
+    gathered = gather_object(data) if use_gather_object or not tensors_only else gather(data)
+    if real_counts is not None and sum(real_counts) < _rows(gathered):
+        return keep_real_rows(gathered, real_counts)
+    if remainder > 0:
+        return gathered[:remainder] if isinstance(gathered, list) else truncate(gathered, remainder)
+    return gathered
+
+
+def _rows(data: Any) -> int:
+    """Rows (first dimension) of a gathered nest: a list's length, else its first tensor's."""
+    if isinstance(data, list) and not any(isinstance(leaf, torch.Tensor) for leaf in iter_leaves(data)):
+        return len(data)
+    for leaf in iter_leaves(data):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.shape[0] if leaf.ndim else 1
+    return len(data) if isinstance(data, list) else 0
+
+

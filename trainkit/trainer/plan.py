@@ -31,3 +31,17 @@ def training_plan(train_dataloader: Any, accumulation_steps: int, max_steps: int
         return TrainingPlan(max_steps, math.ceil(max_steps / steps_per_epoch), steps_per_epoch)
     total = max(math.ceil(num_train_epochs * steps_per_epoch), 1)
     return TrainingPlan(total, math.ceil(num_train_epochs), steps_per_epoch)
+
+
+def length_or_none(dataloader: Any) -> int | None:
+    """``len(dataloader)``, or None for a stream without a length."""
+    try:
+        return len(dataloader)
+    except TypeError:
+        return None
+
+
+def loader_epoch(dataloader: Any) -> int:
+    """The epoch a loader stands in (a restored stream's), where steps per epoch are unknown."""
+    progress = getattr(dataloader, "progress", None)
+    return progress.epoch if progress is not None else 0

@@ -14,7 +14,11 @@ def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) 
     """Return ``data`` with every tensor on ``device``, keeping container types."""
 
     def move_itself(mapping: Mapping) -> Any:
-        # BatchEncoding knows how to move itself (and keeps its encodings).
-        return mapping.to(device) if hasattr(mapping, "to") else None
+        if not hasattr(mapping, "to"):
+            return None
+        try:  # BatchEncoding knows how to move itself (non_blocking since transformers 4.4x)
+            return mapping.to(device, non_blocking=non_blocking)
+        except TypeError:
+            return mapping.to(device)
 
     return map_tensors(lambda tensor: tensor.to(device, non_blocking=non_blocking), data, mapping_hook=move_itself)

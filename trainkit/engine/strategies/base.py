@@ -16,6 +16,7 @@ from trainkit.engine.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
 if TYPE_CHECKING:
+    from trainkit.config.fsdp import FSDPOptions
     from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
 
 GradientReduction = Literal["mean", "sum"]
@@ -27,6 +28,8 @@ class StrategyRequest:
 
     state: ProcessState
     fsdp_plugin: FullyShardedDataParallelPlugin | None = None
+    fsdp_options: FSDPOptions | None = None
+    """The resolved FSDP options; set exactly when the run shards with FSDP."""
     ddp_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
