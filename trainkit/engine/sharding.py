@@ -1,7 +1,8 @@
 """Pure functions that turn FSDP options into FSDP2 calls: wrap units, meshes, sharding, prefetch, loading.
 
 Nothing here holds state: :class:`trainkit.engine.strategies.fsdp.FSDPStrategy` calls these in order
-(choose units -> place or meta-move -> checkpoint activations -> ``fully_shard`` bottom-up -> load
+(choose units, keeping tied parameters in one group -> place or meta-move (re-tying) -> one dtype per
+group -> checkpoint activations -> ``fully_shard`` bottom-up -> load
 rank 0's weights -> wire prefetching). Each function does one FSDP2 step and can be tested alone.
 """
 
