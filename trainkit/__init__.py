@@ -17,6 +17,7 @@ _LAZY = {
     "ProcessState": "trainkit.engine.state",
     "FullyShardedDataParallelPlugin": "trainkit.engine.fsdp_plugin",
     "DataLoaderConfiguration": "trainkit.utils.dataclasses",
+    "DeepSpeedPlugin": "trainkit.config.deepspeed",
     "DistributedDataParallelKwargs": "trainkit.utils.dataclasses",
     "DistributedType": "trainkit.utils.dataclasses",
     "GradScalerKwargs": "trainkit.utils.dataclasses",

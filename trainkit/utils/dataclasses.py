@@ -15,6 +15,8 @@ class DistributedType(str, enum.Enum):
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     FSDP = "FSDP"
+    DEEPSPEED = "DEEPSPEED"
+    """A DeepSpeed config, run on trainkit's DDP/FSDP2 engine (see docs/deepspeed.md)."""
 
 
 @dataclasses.dataclass
@@ -29,6 +31,9 @@ class DataLoaderConfiguration:
         seeded one (same order on every rank, resumable) — see docs/engine.md.
     non_blocking: copy batches to the device with ``non_blocking=True``.
     data_seed: seed of the shuffling order; default: drawn from torch's RNG (so ``set_seed`` fixes it).
+    dispatch_batches: for an iterable dataset, True makes the main process read every global batch and
+        send each process its slice (the others read nothing); None or False (trainkit's default, unlike
+        Accelerate's) lets every process read only its own shards — see docs/streaming.md.
     """
 
     split_batches: bool = False
@@ -36,6 +41,7 @@ class DataLoaderConfiguration:
     use_seedable_sampler: bool = True
     non_blocking: bool = False
     data_seed: int | None = None
+    dispatch_batches: bool | None = None
 
 
 class KwargsHandler:
