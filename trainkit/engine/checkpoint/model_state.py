@@ -230,9 +230,15 @@ def _tensor_keys(skeleton: Any) -> list[str]:
 def _check_optimizer_params(what: str, model: nn.Module, optimizer: torch.optim.Optimizer, saved_groups: list[Any]) -> None:
     """The checkpoint's parameter groups must name the optimizer's parameters (compared as sets of names)."""
     names = _parameter_names(model)
-    current = [{name for p in group["params"] for name in names.get(id(p), [f"<unnamed {id(p)}>"])}
-               for group in optimizer.param_groups]
     saved = [set(group.get("params", [])) for group in saved_groups]
+    everything_saved = set().union(*saved)
+
+    def saved_names(param: torch.Tensor) -> list[str]:
+        # A tied parameter has several names and the checkpoint records one of them (torch picks the first).
+        aliases = names.get(id(param), [f"<unnamed {id(param)}>"])
+        return [name for name in aliases if name in everything_saved] or aliases[:1]
+
+    current = [{name for p in group["params"] for name in saved_names(p)} for group in optimizer.param_groups]
     if len(saved) != len(current):
         raise CheckpointMismatchError(
             f"{what} (it has {len(saved)} parameter groups, the optimizer {len(current)})", [], [], [])
