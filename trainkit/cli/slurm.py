@@ -6,10 +6,11 @@ Used only when `trainkit launch` runs as a Slurm job step (one launcher task per
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from typing import Any
+
+from trainkit.config.slurm_hosts import first_slurm_host
 
 SLURM_SOURCE = "env SLURM_*"
 
@@ -19,16 +20,7 @@ def first_hostname(nodelist: str) -> str | None:
 
     Falls back to ``scontrol show hostnames`` for forms this small parser does not cover.
     """
-    match = re.match(r"^([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if match is None:
-        return None
-    prefix, ranges = match.group(1), match.group(2)
-    if ranges is None:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    if first.isdigit():
-        return prefix + first
-    return _scontrol_first_host(nodelist)
+    return first_slurm_host(nodelist) or _scontrol_first_host(nodelist)
 
 
 def _scontrol_first_host(nodelist: str) -> str | None:

@@ -25,7 +25,7 @@ from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import EngineConfig
 from trainkit.config.errors import ConfigError
 from trainkit.engine import collectives
-from trainkit.engine.accumulation import GradientState
+from trainkit.engine.accumulation import GradientState, sum_across_processes
 from trainkit.engine.compile import compile_model
 from trainkit.engine.configuration import announce, resolve_for_accelerator
 from trainkit.engine.deepspeed import (
@@ -39,7 +39,7 @@ from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.precision import Precision
 from trainkit.engine.process_control import only_when, split_inputs
 from trainkit.engine.state import ProcessState
-from trainkit.engine.strategies import DDPStrategy, SingleDeviceStrategy, Strategy
+from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.tracking import GeneralTracker, resolve_log_with, start_trackers
 from trainkit.engine.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
@@ -103,7 +103,7 @@ class Accelerator:
         *,
         engine_config: EngineConfig | None = None,
     ) -> None:
-        handlers = {type(h): h for h in (kwargs_handlers or [])}
+        handlers: dict[type, Any] = {type(h): h for h in (kwargs_handlers or [])}
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         config = engine_config if engine_config is not None else resolve_for_accelerator(
             mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu,
@@ -123,7 +123,6 @@ class Accelerator:
         self.state.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
         if self.deepspeed is not None and self.deepspeed.scaler_kwargs and scaler_kwargs is None:
             scaler_kwargs = self.deepspeed.scaler_kwargs
-        self.precision = Precision(config.mixed_precision, self.state.device, scaler_kwargs)
         self.gradient_state = GradientState(config.gradient_accumulation_steps)
 
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
@@ -141,6 +140,7 @@ class Accelerator:
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
         self.strategy = self._choose_strategy(fsdp_plugin, config, ddp_kwargs)
+        self.precision: Precision = self.strategy.build_precision(config.mixed_precision, scaler_kwargs)
         self.dynamo_plugin = config.dynamo or TorchDynamoPlugin()
         """torch.compile settings for prepared models (backend "no": nothing is compiled)."""
         self._models: list[nn.Module] = []
@@ -154,13 +154,8 @@ class Accelerator:
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
 
     def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
-        if config.fsdp is not None:
-            from trainkit.engine.strategies.fsdp import FSDPStrategy
-
-            return FSDPStrategy(self.state, fsdp_plugin, self.precision, options=config.fsdp)
-        if self.state.world_size > 1:
-            return DDPStrategy(self.state, ddp_kwargs)
-        return SingleDeviceStrategy(self.state)
+        return select_strategy(StrategyRequest(self.state, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
+                                               ddp_kwargs=ddp_kwargs))
 
     # -- identity ---------------------------------------------------------------------------------
     @property
@@ -282,10 +277,23 @@ class Accelerator:
         """Backward without gradient communication (local accumulation)."""
         return self.strategy.no_sync(model)
 
+    def open_accumulation_window(self, num_micro_batches: int, local_items: torch.Tensor | int | None = None, *,
+                                 same_items_on_every_process: bool = False) -> torch.Tensor | int | None:
+        """Open a window of exactly ``num_micro_batches`` ``accumulate`` blocks whose losses are this process's
+        shares of the window's global loss (see docs/engine.md); return its items summed over processes."""
+        global_items = local_items
+        if local_items is not None:
+            global_items = sum_across_processes(
+                local_items, self.num_processes,
+                lambda count: self.reduce(torch.as_tensor(count, device=self.device), reduction="sum"),
+                same_on_every_process=same_items_on_every_process)
+        self.gradient_state.open_window(num_micro_batches, global_items)
+        return global_items
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` divided by the accumulation window's length (loss-scaled under fp16)."""
-        if self.gradient_state.num_steps > 1:
-            loss = loss / self.gradient_state.window_size
+        """Backpropagate ``loss`` normalised for its accumulation window (``GradientState.normalise_loss``)."""
+        loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
+                                                  self.num_processes)
         self.precision.backward(loss, **kwargs)
 
     def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
@@ -313,7 +321,7 @@ class Accelerator:
         """Wrap models, optimizers, dataloaders and schedulers; return them in the order given."""
         placement = device_placement or [self.device_placement] * len(args)
         prepared: list[Any] = list(args)
-        kinds = [
+        kinds: list[tuple[Any, Callable[[Any, bool], Any]]] = [
             (nn.Module, lambda obj, place: self.prepare_model(obj, device_placement=place)),
             ((torch.optim.Optimizer, DummyOptim), lambda obj, place: self.prepare_optimizer(obj)),
             (DataLoader, lambda obj, place: self.prepare_data_loader(obj, device_placement=place)),
@@ -331,8 +339,9 @@ class Accelerator:
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
         """Place and wrap one model (autocast forward under mixed precision)."""
         if self.precision.enabled and self.strategy.wants_autocast and not hasattr(model, "_trainkit_original_forward"):
-            model._trainkit_original_forward = model.forward
-            model.forward = self.precision.wrap_forward(model.forward)
+            # Instance attributes shadow the class's forward; setattr because nn.Module types attributes as tensors.
+            setattr(model, "_trainkit_original_forward", model.forward)
+            setattr(model, "forward", self.precision.wrap_forward(model.forward))
         if not evaluation_mode:
             compile_model(model, self.dynamo_plugin)  # in place, before sharding or wrapping
         wrapped = model.to(self.device) if evaluation_mode else self.strategy.wrap_model(model)
@@ -414,18 +423,9 @@ class Accelerator:
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """Gather, then drop the samples that padded the last global batch (exactly the dataset's size)."""
-        tensors_only = all(isinstance(t, torch.Tensor) for t in _leaves(input_data))
-        if use_gather_object or not tensors_only:
-            data = collectives.gather_object(input_data)
-        else:
-            data = collectives.gather(input_data)
-        real_counts = self.gradient_state.real_counts
-        if real_counts is not None and sum(real_counts) < _rows(data):
-            return collectives.keep_real_rows(data, real_counts)
-        remainder = self.gradient_state.remainder
-        if self.gradient_state.end_of_dataloader and remainder > 0:
-            data = data[:remainder] if isinstance(data, list) else collectives.truncate(data, remainder)
-        return data
+        state = self.gradient_state
+        return collectives.gather_for_metrics(input_data, use_gather_object, real_counts=state.real_counts,
+                                              remainder=state.remainder if state.end_of_dataloader else -1)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """All-reduce (``sum`` or ``mean``) every tensor across processes."""
@@ -514,9 +514,9 @@ class Accelerator:
         """Write ``obj`` once (main process): safetensors for a dict of tensors when asked, else ``torch.save``."""
         if self.is_main_process:
             if safe_serialization:
-                from safetensors.torch import save_file
+                from trainkit.engine.serialization import write_safetensors_file
 
-                save_file({k: v.detach().contiguous().cpu() for k, v in obj.items()}, os.fspath(f), metadata={"format": "pt"})
+                write_safetensors_file(obj, os.fspath(f))
             else:
                 torch.save(obj, f)
         self.wait_for_everyone()
@@ -597,23 +597,3 @@ def _is_scheduler(obj: Any) -> bool:
         hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
     )
 
-
-def _rows(data: Any) -> int:
-    """Rows (first dimension) of a gathered nest: a list's length, else its first tensor's."""
-    if isinstance(data, list) and not any(isinstance(leaf, torch.Tensor) for leaf in _leaves(data)):
-        return len(data)
-    for leaf in _leaves(data):
-        if isinstance(leaf, torch.Tensor):
-            return leaf.shape[0] if leaf.ndim else 1
-    return len(data) if isinstance(data, list) else 0
-
-
-def _leaves(data: Any) -> Iterator[Any]:
-    if isinstance(data, dict):
-        for value in data.values():
-            yield from _leaves(value)
-    elif isinstance(data, (list, tuple)):
-        for value in data:
-            yield from _leaves(value)
-    else:
-        yield data

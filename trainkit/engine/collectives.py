@@ -6,11 +6,13 @@ collective per tensor (never a home-made one). Every rank must call them in the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from trainkit.engine.nested import iter_leaves, map_tensors
 
 
 def _world() -> int:
@@ -19,16 +21,7 @@ def _world() -> int:
 
 def recursively_apply(function: Callable[[torch.Tensor], Any], data: Any) -> Any:
     """Apply ``function`` to every tensor in a nest of lists, tuples and mappings, keeping their types."""
-    if isinstance(data, torch.Tensor):
-        return function(data)
-    if isinstance(data, Mapping):
-        applied = {key: recursively_apply(function, value) for key, value in data.items()}
-        return applied if type(data) is dict else type(data)(applied)
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(recursively_apply(function, v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(recursively_apply(function, v) for v in data)
-    return data
+    return map_tensors(function, data)
 
 
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
@@ -149,3 +142,28 @@ def scatter_object(objects: list[Any] | None, from_process: int = 0) -> Any:
     received: list[Any] = [None]
     dist.scatter_object_list(received, objects if dist.get_rank() == from_process else None, src=from_process)
     return received[0]
+
+
+def gather_for_metrics(data: Any, use_gather_object: bool = False, *, real_counts: list[int] | None = None,
+                       remainder: int = -1) -> Any:
+    """Gather ``data``, then drop the rows that only padded the last batch: a stream's padding (``real_counts``:
+    real rows per rank) or the even-batches padding of the last global batch (``remainder`` real rows, -1: none)."""
+    tensors_only = all(isinstance(t, torch.Tensor) for t in iter_leaves(data))
+    gathered = gather_object(data) if use_gather_object or not tensors_only else gather(data)
+    if real_counts is not None and sum(real_counts) < _rows(gathered):
+        return keep_real_rows(gathered, real_counts)
+    if remainder > 0:
+        return gathered[:remainder] if isinstance(gathered, list) else truncate(gathered, remainder)
+    return gathered
+
+
+def _rows(data: Any) -> int:
+    """Rows (first dimension) of a gathered nest: a list's length, else its first tensor's."""
+    if isinstance(data, list) and not any(isinstance(leaf, torch.Tensor) for leaf in iter_leaves(data)):
+        return len(data)
+    for leaf in iter_leaves(data):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.shape[0] if leaf.ndim else 1
+    return len(data) if isinstance(data, list) else 0
+
+

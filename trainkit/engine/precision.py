@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from trainkit.config.values import MIXED_PRECISIONS, parse_mixed_precision
+from trainkit.engine.nested import map_tensors
 
 PRECISIONS = MIXED_PRECISIONS  # one vocabulary: trainkit.config.values
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -24,11 +25,16 @@ _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 class Precision:
     """Autocast and loss scaling for one of ``"no"``, ``"bf16"``, ``"fp16"`` on ``device``."""
 
-    def __init__(self, mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None,
+                 scaler_class: type[torch.amp.GradScaler] | None = None) -> None:
+        """``scaler_class``: the fp16 loss scaler's class, chosen by the strategy (FSDP: ``ShardedGradScaler``)."""
         self.mode = parse_mixed_precision(mode, where="Accelerator(mixed_precision=...)")
         self.device = device
         self.dtype: torch.dtype | None = _DTYPES.get(self.mode)
-        self.scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {})) if self.mode == "fp16" else None
+        self.scaler_kwargs: dict[str, Any] = dict(scaler_kwargs or {})
+        """The GradScaler settings (GradScalerKwargs) this precision was built with."""
+        scaler_class = scaler_class or torch.amp.GradScaler
+        self.scaler = scaler_class(device.type, **self.scaler_kwargs) if self.mode == "fp16" else None
         self._unscaled: set[int] = set()
 
     @property
@@ -107,20 +113,13 @@ def loss_in_float32(outputs: Any) -> Any:
 
 
 def to_float32(data: Any) -> Any:
-    """Recursively turn float16/bfloat16 tensors into float32, keeping container types."""
-    if isinstance(data, torch.Tensor):
-        return data.float() if data.dtype in (torch.float16, torch.bfloat16) else data
-    if isinstance(data, dict):
-        # ModelOutput and BatchEncoding are dict subclasses; update in place to keep their type.
-        converted = {key: to_float32(value) for key, value in data.items()}
-        if type(data) is dict:
-            return converted
-        for key, value in converted.items():
-            data[key] = value
-        return data
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(to_float32(v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(to_float32(v) for v in data)
-    return data
+    """Recursively turn float16/bfloat16 tensors into float32, keeping container types.
 
+    dict subclasses (ModelOutput) are updated in place to keep their type; other Mappings pass unchanged.
+    """
+    return map_tensors(_tensor_to_float32, data, update_mappings_in_place=True,
+                       mapping_hook=lambda mapping: None if isinstance(mapping, dict) else mapping)
+
+
+def _tensor_to_float32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor

@@ -6,15 +6,20 @@ import contextlib
 import functools
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from trainkit.engine.state import ProcessState
+
+class SupportsBarrier(Protocol):
+    """Anything with a cross-process barrier (``ProcessState``); typed structurally so this module needs no import of state."""
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point."""
 
 
 @contextlib.contextmanager
-def first_on(state: ProcessState, is_first: bool) -> Iterator[None]:
+def first_on(state: SupportsBarrier, is_first: bool) -> Iterator[None]:
     """Let the processes where ``is_first`` holds run the block before the others start it."""
     if not is_first:
         state.wait_for_everyone()

@@ -31,7 +31,7 @@ def _deduplicate(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.T
     kept: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     for name, tensor in state_dict.items():
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        key = (tensor.untyped_storage().data_ptr(), int(tensor.storage_offset()), tuple(tensor.shape))
         if tensor.numel() and key in seen:
             aliases[name] = seen[key]
             continue
@@ -40,10 +40,26 @@ def _deduplicate(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.T
     return kept, aliases
 
 
-def save_safetensors(state_dict: dict[str, torch.Tensor], directory: str, max_shard_size: int | str = "10GB") -> list[str]:
-    """Write ``state_dict`` into ``directory``; return the files written."""
+def write_safetensors_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
+    """The one place trainkit writes a safetensors file: tensors detached, contiguous and on the CPU.
+
+    safetensors refuses tensors that share memory: a later one sharing an earlier one's storage is cloned
+    (model weights are de-duplicated with :func:`save_safetensors` first, so this only meets optimizer state).
+    """
     from safetensors.torch import save_file
 
+    seen: set[tuple[int, int]] = set()
+    plain: dict[str, torch.Tensor] = {}
+    for key, tensor in tensors.items():
+        cpu = tensor.detach().contiguous().cpu()
+        marker = (cpu.untyped_storage().data_ptr(), int(cpu.storage_offset()))
+        plain[key] = cpu.clone() if cpu.numel() and marker in seen else cpu
+        seen.add(marker)
+    save_file(plain, path, metadata={"format": "pt", **(metadata or {})})
+
+
+def save_safetensors(state_dict: dict[str, torch.Tensor], directory: str, max_shard_size: int | str = "10GB") -> list[str]:
+    """Write ``state_dict`` into ``directory``; return the files written."""
     os.makedirs(directory, exist_ok=True)
     tensors, aliases = _deduplicate(state_dict)
     metadata = {"format": "pt"}
@@ -60,12 +76,12 @@ def save_safetensors(state_dict: dict[str, torch.Tensor], directory: str, max_sh
         shards[-1][name] = tensor
         size += nbytes
     if len(shards) == 1:
-        save_file(shards[0], os.path.join(directory, WEIGHTS_NAME), metadata=metadata)
+        write_safetensors_file(shards[0], os.path.join(directory, WEIGHTS_NAME), metadata)
         return [WEIGHTS_NAME]
     names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     weight_map: dict[str, Any] = {}
     for name, shard in zip(names, shards):
-        save_file(shard, os.path.join(directory, name), metadata=metadata)
+        write_safetensors_file(shard, os.path.join(directory, name), metadata)
         weight_map.update(dict.fromkeys(shard, name))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     with open(os.path.join(directory, INDEX_NAME), "w", encoding="utf-8") as handle:

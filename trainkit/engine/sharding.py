@@ -140,7 +140,7 @@ def _reachable_parameters(module: nn.Module, skipped: nn.Module | None = None) -
             continue
         visited.add(id(current))
         found.update(id(p) for p in current._parameters.values() if p is not None)
-        stack.extend(current._modules.values())
+        stack.extend(child for child in current._modules.values() if child is not None)  # None: a removed submodule
     return found
 
 
@@ -217,7 +217,7 @@ def _group_parameters(group: nn.Module, unit_ids: set[int]) -> list[nn.Parameter
             continue
         visited.add(id(current))
         params.update((id(p), p) for p in current._parameters.values() if p is not None)
-        stack.extend(current._modules.values())
+        stack.extend(child for child in current._modules.values() if child is not None)  # None: a removed submodule
     return list(params.values())
 
 
@@ -269,7 +269,7 @@ def shard_model(model: nn.Module, units: Sequence[nn.Module], mesh: DeviceMesh, 
                 ignored_params=ignored)
 
 
-def wire_prefetch(units: Sequence[nn.Module], *, forward_prefetch: bool, backward_prefetch: str) -> None:
+def wire_prefetch(units: Sequence[nn.Module], *, forward_prefetch: bool, backward_prefetch: str | None) -> None:
     """Explicit FSDP2 prefetching between consecutive units (in forward order).
 
     forward_prefetch: each unit starts the next unit's all-gather before running its own forward.
@@ -336,7 +336,8 @@ def materialize_from_rank0(model: nn.Module, kept: dict[str, dict[str, torch.Ten
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     model.to_empty(device=device)
-    set_model_state_dict(model, kept["state"] if rank == 0 else {},
+    full_state: dict[str, Any] = kept["state"] if rank == 0 else {}
+    set_model_state_dict(model, full_state,
                          options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     for name, buffer in model.named_buffers(remove_duplicate=False):
         if rank == 0:

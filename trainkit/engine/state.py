@@ -13,10 +13,12 @@ import os
 import re
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from trainkit.config.slurm_hosts import first_slurm_host
 from trainkit.engine.allocator import tune_allocator
 from trainkit.engine.devices import choose_device
 
@@ -44,18 +46,6 @@ class LaunchEnvironment:
         return max(self.world_size // max(self.local_world_size, 1), 1)
 
 
-def _first_slurm_host(nodelist: str) -> str:
-    """First host of a SLURM node list such as ``node[03-05,09],gpu1`` (without calling scontrol)."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not match:
-        return "127.0.0.1"
-    prefix, ranges = match.groups()
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return f"{prefix}{first}"
-
-
 def read_launch_environment(environ: dict[str, str] | None = None) -> LaunchEnvironment:
     """Read rank and world size from torchrun's variables, else from srun's, else a single process."""
     env = os.environ if environ is None else environ
@@ -73,7 +63,10 @@ def read_launch_environment(environ: dict[str, str] | None = None) -> LaunchEnvi
     if "SLURM_PROCID" in env and int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
         world = int(env["SLURM_STEP_NUM_TASKS"])
         tasks_per_node = env.get("SLURM_STEP_TASKS_PER_NODE", env.get("SLURM_NTASKS_PER_NODE", str(world)))
-        local_world = int(re.match(r"\d+", tasks_per_node).group())  # "4(x2)" -> 4
+        leading = re.match(r"\d+", tasks_per_node)  # "4(x2)" -> 4
+        if leading is None:
+            raise ValueError(f"Cannot read the tasks per node from Slurm's {tasks_per_node!r} (expected e.g. '4' or '4(x2)').")
+        local_world = int(leading.group())
         return LaunchEnvironment(
             rank=int(env["SLURM_PROCID"]),
             world_size=world,
@@ -86,7 +79,7 @@ def read_launch_environment(environ: dict[str, str] | None = None) -> LaunchEnvi
 
 def _export_slurm_rendezvous(launch: LaunchEnvironment) -> None:
     """torch's env:// rendezvous needs MASTER_ADDR/PORT and RANK/WORLD_SIZE; derive them under srun."""
-    os.environ.setdefault("MASTER_ADDR", _first_slurm_host(os.environ.get("SLURM_STEP_NODELIST", os.environ.get("SLURM_JOB_NODELIST", "127.0.0.1"))))
+    os.environ.setdefault("MASTER_ADDR", first_slurm_host(os.environ.get("SLURM_STEP_NODELIST", os.environ.get("SLURM_JOB_NODELIST", "127.0.0.1"))) or "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + int(os.environ.get("SLURM_JOB_ID", "0")) % 1000))
     os.environ.setdefault("RANK", str(launch.rank))
     os.environ.setdefault("WORLD_SIZE", str(launch.world_size))
@@ -156,7 +149,7 @@ class ProcessState:
             # A one-process group needs no rendezvous: an in-memory store is enough.
             dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=self.timeout)
         else:
-            kwargs = {"device_id": self.device} if self.device.type == "cuda" else {}
+            kwargs: dict[str, Any] = {"device_id": self.device} if self.device.type == "cuda" else {}
             dist.init_process_group(
                 self.backend, rank=self.rank, world_size=self.world_size, timeout=self.timeout, **kwargs
             )

@@ -12,7 +12,12 @@ import json
 import logging
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainkit.engine.accelerator import Accelerator
+
+    from .arguments import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +92,7 @@ class TrainerState:
             logger.info("trainer_state.json: ignoring keys %s", ignored)
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def compute_steps(self, args: Any, max_steps: int) -> None:
+    def compute_steps(self, args: TrainingArguments, max_steps: int) -> None:
         """Resolve logging/eval/save step intervals; a value below 1 is a ratio of ``max_steps``."""
         for kind in ("logging", "eval", "save"):
             value = getattr(args, f"{kind}_steps")
@@ -131,52 +136,68 @@ class TrainerCallback:
     Return a :class:`TrainerControl` (or None to keep the current one).
     """
 
-    def on_init_end(self, args, state, control, **kwargs):
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl | None:
         """At the end of ``Trainer.__init__``."""
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> TrainerControl | None:
         """Before the first training step."""
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> TrainerControl | None:
         """After the last training step (and after the best model was loaded)."""
 
-    def on_epoch_begin(self, args, state, control, **kwargs):
+    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> TrainerControl | None:
         """At the start of an epoch."""
 
-    def on_epoch_end(self, args, state, control, **kwargs):
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> TrainerControl | None:
         """At the end of an epoch."""
 
-    def on_step_begin(self, args, state, control, **kwargs):
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> TrainerControl | None:
         """Before the first micro-batch of an optimizer step."""
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              **kwargs: Any) -> TrainerControl | None:
         """After gradients are final (clipped), before ``optimizer.step()``."""
 
-    def on_optimizer_step(self, args, state, control, **kwargs):
+    def on_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                          **kwargs: Any) -> TrainerControl | None:
         """After ``optimizer.step()``, before gradients are zeroed."""
 
-    def on_substep_end(self, args, state, control, **kwargs):
+    def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> TrainerControl | None:
         """After each micro-batch of an accumulation window except the last."""
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl | None:
         """After an optimizer step (``state.global_step`` already counts it)."""
 
-    def on_evaluate(self, args, state, control, **kwargs):
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl | None:
         """After an evaluation; ``metrics`` holds its results."""
 
-    def on_predict(self, args, state, control, metrics, **kwargs):
+    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   metrics, **kwargs: Any) -> TrainerControl | None:
         """After ``Trainer.predict``."""
 
-    def on_save(self, args, state, control, **kwargs):
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                **kwargs: Any) -> TrainerControl | None:
         """After a checkpoint was written."""
 
-    def on_log(self, args, state, control, **kwargs):
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               **kwargs: Any) -> TrainerControl | None:
         """After ``Trainer.log``; ``logs`` holds the logged values."""
 
-    def on_prediction_step(self, args, state, control, **kwargs):
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           **kwargs: Any) -> TrainerControl | None:
         """After each evaluation or prediction batch."""
 
-    def on_push_begin(self, args, state, control, **kwargs):
+    def on_push_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kwargs: Any) -> TrainerControl | None:
         """Before an upload to the Hub."""
 
 
@@ -223,7 +244,8 @@ class CallbackHandler:
         """The callbacks' class names, one per line."""
         return "\n".join(type(cb).__name__ for cb in self.callbacks)
 
-    def call_event(self, event: str, args, state, control, **kwargs) -> TrainerControl:
+    def call_event(self, event: str, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   **kwargs: Any) -> TrainerControl:
         """Run ``event`` on every callback; a callback may return a new control."""
         for callback in self.callbacks:
             result = getattr(callback, event)(
@@ -252,7 +274,8 @@ class CallbackHandler:
 class DefaultFlowCallback(TrainerCallback):
     """Turns logging/eval/save strategies into control requests, and stops at ``max_steps``."""
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl | None:
         step = state.global_step
         if step == 1 and args.logging_first_step:
             control.should_log = True
@@ -272,7 +295,8 @@ class DefaultFlowCallback(TrainerCallback):
                 control.should_save = True
         return control
 
-    def on_epoch_end(self, args, state, control, **kwargs):
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> TrainerControl | None:
         if args.logging_strategy == "epoch":
             control.should_log = True
         if args.eval_strategy == "epoch" and args.eval_delay <= state.epoch:
@@ -289,17 +313,20 @@ class ProgressCallback(TrainerCallback):
         self.training_bar = None
         self.prediction_bar = None
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
         if state.is_world_process_zero:
             from tqdm.auto import tqdm
 
             self.training_bar = tqdm(total=state.max_steps, initial=state.global_step, dynamic_ncols=True)
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
         if self.training_bar is not None:
             self.training_bar.update(state.global_step - self.training_bar.n)
 
-    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           eval_dataloader=None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or eval_dataloader is None:
             return
         if self.prediction_bar is None:
@@ -314,18 +341,22 @@ class ProgressCallback(TrainerCallback):
             self.prediction_bar.close()
             self.prediction_bar = None
 
-    def on_evaluate(self, args, state, control, **kwargs):
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> None:
         self._close_prediction_bar()
 
-    def on_predict(self, args, state, control, metrics=None, **kwargs):
+    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                   metrics=None, **kwargs: Any) -> None:
         self._close_prediction_bar()
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs=None, **kwargs: Any) -> None:
         if self.training_bar is not None and logs:
             shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in logs.items() if k != "total_flos"}
             self.training_bar.write(str(shown))
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
         if self.training_bar is not None:
             self.training_bar.close()
             self.training_bar = None
@@ -334,7 +365,8 @@ class ProgressCallback(TrainerCallback):
 class PrinterCallback(TrainerCallback):
     """Prints each log dict on the main process (used instead of the bar when tqdm is disabled)."""
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs=None, **kwargs: Any) -> None:
         if state.is_world_process_zero and logs:
             print({k: v for k, v in logs.items() if k != "total_flos"}, flush=True)  # the callback's purpose
 
@@ -342,27 +374,30 @@ class PrinterCallback(TrainerCallback):
 class TrackerCallback(TrainerCallback):
     """Forwards every log to the engine's trackers (JSONL always; TensorBoard and W&B per ``report_to``)."""
 
-    def __init__(self, accelerator) -> None:
+    def __init__(self, accelerator: Accelerator) -> None:
         self.accelerator = accelerator
         self.started = False
 
-    def _start(self, args) -> None:
+    def _start(self, args: TrainingArguments) -> None:
         if not self.started:
             # Trackers take flat scalars as hyperparameters (TensorBoard's hparams refuse lists and dicts).
             config = {k: v for k, v in args.to_dict().items() if isinstance(v, (int, float, str, bool))}
             self.accelerator.init_trackers(args.run_name or os.path.basename(os.path.normpath(args.output_dir)), config=config)
             self.started = True
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
         self._start(args)
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs=None, **kwargs: Any) -> None:
         if logs:
             self._start(args)
             numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             self.accelerator.log(numbers, step=state.global_step)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
         self.accelerator.end_training()
         self.started = False
 
@@ -378,7 +413,8 @@ class EarlyStoppingCallback(TrainerCallback):
         self.early_stopping_threshold = early_stopping_threshold or 0.0
         self.early_stopping_patience_counter = 0
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
         if args.metric_for_best_model is None or args.eval_strategy == "no":
             raise ValueError(
                 "EarlyStoppingCallback needs evaluations to compare: set eval_strategy to 'steps' or 'epoch' and "
@@ -387,7 +423,8 @@ class EarlyStoppingCallback(TrainerCallback):
         if not args.load_best_model_at_end:
             logger.warning("EarlyStoppingCallback without load_best_model_at_end=True: the last model is kept, not the best.")
 
-    def check_metric_value(self, args, state, control, metric_value: float) -> None:
+    def check_metric_value(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           metric_value: float) -> None:
         """Reset the patience counter on an improvement over ``state.best_metric``, else count one more miss."""
         best = state.best_metric
         improved = best is None or (
@@ -396,7 +433,8 @@ class EarlyStoppingCallback(TrainerCallback):
         )
         self.early_stopping_patience_counter = 0 if improved else self.early_stopping_patience_counter + 1
 
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    metrics=None, **kwargs: Any) -> None:
         name = args.metric_for_best_model
         name = name if name.startswith("eval_") else f"eval_{name}"
         value = (metrics or {}).get(name)

@@ -11,13 +11,42 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
 
+from trainkit.engine.nested import map_tensors
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from trainkit.engine.accelerator import Accelerator
+
+    from .arguments import TrainingArguments
+    from .callbacks import CallbackHandler, TrainerControl, TrainerState
+
 logger = logging.getLogger(__name__)
+
+
+class EvaluatedTrainer(Protocol):
+    """What :func:`evaluation_loop` uses of a Trainer (typed structurally: trainer.py imports this module)."""
+
+    args: TrainingArguments
+    accelerator: Accelerator
+    model_wrapped: nn.Module
+    callback_handler: CallbackHandler
+    state: TrainerState
+    control: TrainerControl
+    compute_metrics: Callable[..., dict[str, Any]] | None
+    """Called with an EvalPrediction (and ``compute_result=`` under batch_eval_metrics)."""
+    preprocess_logits_for_metrics: Callable[[Any, Any], Any] | None
+
+    def prediction_step(self, model: nn.Module, inputs: Any, prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
+        """(loss, predictions, labels) of one batch, without gradients."""
+        ...
 
 PAD_INDEX = -100
 
@@ -62,16 +91,6 @@ class PredictionOutput(NamedTuple):
     metrics: dict[str, float] | None
 
 
-def _apply(function, data):
-    if isinstance(data, torch.Tensor):
-        return function(data)
-    if isinstance(data, (list, tuple)):
-        return type(data)(_apply(function, x) for x in data)
-    if isinstance(data, Mapping):
-        return type(data)({k: _apply(function, v) for k, v in data.items()})
-    return data
-
-
 def _pad_and_concat(first, second):
     """Concatenate on dim 0, padding dim 1 with -100 when sequence lengths differ (nested structures too)."""
     if first is None:
@@ -99,7 +118,7 @@ def _to_numpy(data):
             tensor = tensor.float()  # numpy has no bfloat16
         return tensor.numpy()
 
-    return _apply(convert, data)
+    return map_tensors(convert, data)
 
 
 class _GatheredResults:
@@ -155,7 +174,7 @@ def _batch_size(inputs) -> int | None:
     return None
 
 
-def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only: bool | None = None,
+def evaluation_loop(trainer: EvaluatedTrainer, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
                     ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
     """Run ``trainer.prediction_step`` over ``dataloader`` (already prepared) and gather exact results."""
     args, accelerator = trainer.args, trainer.accelerator

@@ -1,14 +1,21 @@
 """Training-time counters (loss, samples, tokens, time) kept on the device between logs and read once per log.
 
 Per optimizer step the loop only adds tensors, so no step waits for the device or the other processes;
-at a logging step one all-reduce turns the counters into global means and rates.
+at a logging step one all-reduce turns the counters into global means and rates, which the helpers at
+the end of this module turn into log lines and metrics files.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
+from typing import Any
 
 import torch
+
+logger = logging.getLogger(__name__)
 
 # Dense bf16/fp16 tensor-core peaks (FLOP/s) of common accelerators, for model FLOPs utilisation.
 PEAK_FLOPS = {
@@ -111,3 +118,35 @@ class TrainingMeter:
     def train_loss(self) -> float:
         """Mean loss over every step flushed so far."""
         return self.total_loss / self.total_steps if self.total_steps else float("nan")
+
+
+def training_logs(values: dict[str, float], grad_norm: Any, learning_rate: float) -> dict[str, float]:
+    """The periodic training log line from the meter's ``flush()``: loss, grad_norm, learning_rate and speeds."""
+    logs: dict[str, float] = {"loss": values["loss"]}
+    if grad_norm is not None:
+        logs["grad_norm"] = float(grad_norm)
+    logs["learning_rate"] = learning_rate
+    for key in ("samples_per_second", "tokens_per_second", "step_time", "mfu"):
+        if key in values:
+            logs[key] = values[key]
+    return logs
+
+
+def current_learning_rate(scheduler: Any, optimizer: Any) -> float:
+    """The first parameter group's learning rate, from the schedule when it has one."""
+    if hasattr(scheduler, "get_last_lr"):
+        return float(scheduler.get_last_lr()[0])
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def log_metrics_block(split: str, metrics: dict[str, float]) -> None:
+    """Log ``metrics`` of ``split`` as a readable block."""
+    lines = "\n".join(f"  {key:<32} = {value}" for key, value in sorted(metrics.items()))
+    logger.info("***** %s metrics *****\n%s", split, lines)
+
+
+def write_metrics_file(output_dir: str, split: str, metrics: dict[str, float]) -> None:
+    """Write ``{split}_results.json`` into ``output_dir``."""
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, f"{split}_results.json"), "w", encoding="utf-8") as handle:
+        json.dump(metrics, handle, indent=2, sort_keys=True)

@@ -1,10 +1,9 @@
-"""How long training runs: optimizer steps per epoch, epochs and total steps, and accumulation windows."""
+"""How long training runs: optimizer steps per epoch, epochs and total steps."""
 
 from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 
@@ -32,18 +31,6 @@ def training_plan(train_dataloader: Any, accumulation_steps: int, max_steps: int
         return TrainingPlan(max_steps, math.ceil(max_steps / steps_per_epoch), steps_per_epoch)
     total = max(math.ceil(num_train_epochs * steps_per_epoch), 1)
     return TrainingPlan(total, math.ceil(num_train_epochs), steps_per_epoch)
-
-
-def accumulation_windows(batches: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    """Group micro-batches into accumulation windows; the last one of an epoch may be shorter."""
-    window: list[Any] = []
-    for batch in batches:
-        window.append(batch)
-        if len(window) == size:
-            yield window
-            window = []
-    if window:
-        yield window
 
 
 def length_or_none(dataloader: Any) -> int | None:

@@ -1,16 +1,15 @@
 """The Trainer: transformers' Trainer API over trainkit's engine, with a training loop that fits on one screen.
 
 Everything a user may change is a small method (compute_loss, training_step, prediction_step,
-create_optimizer, create_scheduler, get_*_dataloader, log, evaluate). The Trainer owns gradient
-accumulation: it reads a whole window of micro-batches, counts its loss items on every process, and
-weights each micro-batch's mean loss by its share, so k micro-batches of b equal one batch of k·b.
+create_optimizer, create_scheduler, get_*_dataloader, log, evaluate). Accumulation is the engine's: the
+Trainer reads a whole window of micro-batches, opens it in the engine (which counts its loss items on every
+process and decides when gradients sync), and keeps only its weighting policy: each micro-batch's mean loss
+weighted by its share of the window's items, so k micro-batches of b equal one batch of k·b.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
 import logging
 import os
 import time
@@ -20,6 +19,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+from trainkit.engine.accumulation import accumulation_windows
 
 from . import checkpoints, hub, resume, wiring
 from .arguments import TrainingArguments
@@ -46,10 +47,10 @@ from .data import (
     tokens_in,
 )
 from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
-from .meter import TrainingMeter
+from .meter import TrainingMeter, current_learning_rate, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
-from .plan import TrainingPlan, accumulation_windows, length_or_none, loader_epoch, training_plan
+from .plan import TrainingPlan, length_or_none, loader_epoch, training_plan
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +144,8 @@ class Trainer:
         # The arguments the script set > the launcher's flags and file > defaults (trainkit.config.engine).
         config = resolve_for_trainer(args, deepspeed_plugin=self._deepspeed.plugin if self._deepspeed else None)
         return Accelerator(
-            # The Trainer accumulates itself (it must count the window's items first), so the engine steps every call.
+            # The Trainer opens explicit windows in the engine (open_accumulation_window), so the engine's own
+            # implicit windows stay one micro-batch long.
             engine_config=engine_config_for_trainer(config),
             **wiring.engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
             log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
@@ -352,26 +354,29 @@ class Trainer:
         """Forward and backward every micro-batch of one window; gradients are exchanged after the last only."""
         accelerator = self.accelerator
         num_items = sum(self._count_items(inputs) for inputs in window)
-        if accelerator.num_processes > 1:
-            fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
-            if isinstance(num_items, int) and fixed_batches and accelerator.even_batches:
-                num_items *= accelerator.num_processes  # every rank's batches have one size: no collective needed
-            else:
-                num_items = accelerator.reduce(torch.as_tensor(num_items, device=accelerator.device), reduction="sum")
+        fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
+        # Every rank's batches have one size: the sample count is the same everywhere, no collective needed.
+        num_items = accelerator.open_accumulation_window(
+            len(window), num_items,
+            same_items_on_every_process=isinstance(num_items, int) and fixed_batches and accelerator.even_batches)
         token_mode = self.args.include_num_input_tokens_seen
         window_loss = None
         for index, inputs in enumerate(window):
-            last = index == len(window) - 1
-            with contextlib.nullcontext() if last else accelerator.no_sync(model):
+            with accelerator.accumulate(model):
                 step_loss = self.training_step(model, inputs, num_items)
             window_loss = step_loss if window_loss is None else window_loss + step_loss
             self.meter.add_micro_batch(samples_in(inputs), tokens_in(inputs, self.main_input_name, token_mode == "non_padding"))
-            if not last:
+            if index < len(window) - 1:
                 self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
         self.meter.add_step(window_loss, self.args.logging_nan_inf_filter)
 
     def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
-        """Forward and backward one micro-batch; return its (detached) share of the window's mean loss."""
+        """Forward and backward one micro-batch; return its (detached) share of the window's mean loss.
+
+        The weighting policy is transformers': a micro-batch's mean loss weighted by its share of the window's
+        items on all processes (or divided by the accumulation steps when items are not counted). The engine's
+        ``backward`` turns that share into gradients of the window's loss, whatever the strategy's reduction.
+        """
         loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         scaled_for_window = self.loss_is_scaled_for_ga
         if scaled_for_window is None:
@@ -382,8 +387,7 @@ class Trainer:
             else:
                 # A mean over this micro-batch's items, weighted by its share of the window's items on all processes.
                 loss = loss * (self._count_items(inputs) / num_items_in_batch)
-        # DDP and FSDP average gradients over processes; the window's loss is a sum over them.
-        self.accelerator.backward(loss * self.accelerator.num_processes if self.accelerator.num_processes > 1 else loss)
+        self.accelerator.backward(loss)
         return loss.detach()
 
     def compute_loss(self, model: nn.Module, inputs: Any, return_outputs: bool = False,
@@ -429,27 +433,14 @@ class Trainer:
 
     def _log_training_progress(self) -> None:
         values = self.meter.flush()
-        if not values:
-            return
-        logs: dict[str, float] = {"loss": values["loss"]}
-        if self._last_grad_norm is not None:
-            logs["grad_norm"] = float(self._last_grad_norm)
-        logs["learning_rate"] = self._learning_rate()
-        for key in ("samples_per_second", "tokens_per_second", "step_time", "mfu"):
-            if key in values:
-                logs[key] = values[key]
-        self._count_tokens(values["tokens"])
-        self.log(logs)
+        if values:
+            self._count_tokens(values["tokens"])
+            self.log(training_logs(values, self._last_grad_norm, current_learning_rate(self.lr_scheduler, self.optimizer)))
 
     def _count_tokens(self, tokens: float) -> None:
         self.state.total_flos += 6.0 * self._num_parameters * tokens
         if self.args.include_num_input_tokens_seen != "no":
             self.state.num_input_tokens_seen += int(tokens)
-
-    def _learning_rate(self) -> float:
-        if hasattr(self.lr_scheduler, "get_last_lr"):
-            return float(self.lr_scheduler.get_last_lr()[0])
-        return float(self.optimizer.param_groups[0]["lr"])
 
     def _finish_training(self, start: float, steps_run: int) -> TrainOutput:
         args, state = self.args, self.state
@@ -585,15 +576,12 @@ class Trainer:
     def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
         """Log ``metrics`` of ``split`` in a readable block (main process)."""
         if self.is_world_process_zero():
-            lines = "\n".join(f"  {key:<32} = {value}" for key, value in sorted(metrics.items()))
-            logger.info("***** %s metrics *****\n%s", split, lines)
+            log_metrics_block(split, metrics)
 
     def save_metrics(self, split: str, metrics: dict[str, float]) -> None:
         """Write ``{split}_results.json`` to ``output_dir`` (main process)."""
         if self.is_world_process_zero():
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            with open(os.path.join(self.args.output_dir, f"{split}_results.json"), "w", encoding="utf-8") as handle:
-                json.dump(metrics, handle, indent=2, sort_keys=True)
+            write_metrics_file(self.args.output_dir, split, metrics)
 
     def create_model_card(self, **card_fields: Any) -> None:
         """Write a draft model card (README.md) to ``output_dir``; keywords as transformers' (main process)."""

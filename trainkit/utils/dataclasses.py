@@ -52,7 +52,7 @@ class KwargsHandler:
         default = self.__class__()
         return {
             f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
+            for f in dataclasses.fields(self)  # type: ignore[arg-type]  # every subclass is a dataclass
             if getattr(self, f.name) != getattr(default, f.name)
         }
 

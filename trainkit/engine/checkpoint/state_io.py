@@ -94,21 +94,9 @@ def read_json(path: str) -> Any:
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str) -> None:
     """Write plain (non-distributed) tensors to a safetensors file, copied to the CPU."""
-    from safetensors.torch import save_file
+    from trainkit.engine.serialization import write_safetensors_file
 
-    cpu = {key: tensor.detach().contiguous().cpu() for key, tensor in tensors.items()}
-    save_file(_unalias(cpu), path, metadata={"format": "pt"})
-
-
-def _unalias(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """safetensors refuses tensors sharing memory; clone the later ones (rare in optimizer state)."""
-    seen: set[tuple[int, int]] = set()
-    out = {}
-    for key, tensor in tensors.items():
-        marker = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        out[key] = tensor.clone() if tensor.numel() and marker in seen else tensor
-        seen.add(marker)
-    return out
+    write_safetensors_file(tensors, path)
 
 
 def load_tensors(path: str) -> dict[str, torch.Tensor]:

@@ -1,16 +1,54 @@
-"""The contract every parallelism strategy fulfils: wrap a model, pause gradient sync, clip, export state."""
+"""The contract every parallelism strategy fulfils: wrap a model, pause gradient sync, clip, export state,
+build its mixed precision, and say what it can do (:class:`StrategyCapabilities`)."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
+from trainkit.engine.precision import Precision
 from trainkit.engine.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
+
+if TYPE_CHECKING:
+    from trainkit.config.fsdp import FSDPOptions
+    from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
+
+GradientReduction = Literal["mean", "sum"]
+
+
+@dataclass(frozen=True)
+class StrategyRequest:
+    """What the Accelerator was asked for: the processes, and any strategy-specific options."""
+
+    state: ProcessState
+    fsdp_plugin: FullyShardedDataParallelPlugin | None = None
+    fsdp_options: FSDPOptions | None = None
+    """The resolved FSDP options; set exactly when the run shards with FSDP."""
+    ddp_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StrategyCapabilities:
+    """What a strategy does, stated once so that callers ask instead of inspecting model types."""
+
+    shards_parameters: bool = False
+    """Parameters (and their gradients and optimizer state) are split across processes."""
+    supports_no_sync: bool = False
+    """``no_sync`` really skips gradient communication (otherwise it is a no-op context)."""
+    needs_sharded_grad_scaler: bool = False
+    """fp16 loss scaling must agree on overflow across processes (each holds only a gradient shard)."""
+    replaces_parameters: bool = False
+    """Wrapping creates new parameter objects, so optimizers built before ``prepare`` are re-bound."""
+    gradient_reduction: GradientReduction = "mean"
+    """How gradients are combined across processes after backward: averaged ("mean") or added ("sum").
+    The engine reads this to turn a loss that is one process's share of a global total into gradients of
+    that total (see ``GradientState.normalise_loss``); no caller rescales losses itself."""
 
 
 class Strategy:
@@ -20,12 +58,30 @@ class Strategy:
     """
 
     distributed_type: DistributedType = DistributedType.NO
+    capabilities: StrategyCapabilities = StrategyCapabilities()
+    precision: Precision | None = None
+    """The mixed precision this strategy built (:meth:`build_precision`)."""
     wants_autocast: bool = True
     """Whether prepared models run their forward under autocast. FSDP2 keeps it too: its policy casts
     parameters, while autocast keeps softmax, norms and losses in float32."""
 
     def __init__(self, state: ProcessState) -> None:
         self.state = state
+
+    @classmethod
+    def from_request(cls, request: StrategyRequest) -> Strategy:
+        """Build the strategy from what the Accelerator asked for (the registry calls this)."""
+        return cls(request.state)
+
+    def build_precision(self, mode: str, scaler_kwargs: dict[str, Any] | None = None) -> Precision:
+        """Build (and keep) the mixed precision this strategy runs with; fp16 gets the loss scaler it needs."""
+        scaler_class = None
+        if mode == "fp16" and self.capabilities.needs_sharded_grad_scaler:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            scaler_class = ShardedGradScaler
+        self.precision = Precision(mode, self.device, scaler_kwargs, scaler_class=scaler_class)
+        return self.precision
 
     @property
     def device(self) -> torch.device:

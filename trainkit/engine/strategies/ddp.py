@@ -11,16 +11,23 @@ from torch.nn.parallel import DistributedDataParallel
 from trainkit.engine.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
-from .base import Strategy
+from .base import Strategy, StrategyCapabilities, StrategyRequest
 
 
 class DDPStrategy(Strategy):
     """Replicate the model on every process and all-reduce gradients during backward."""
 
+    capabilities = StrategyCapabilities(supports_no_sync=True, gradient_reduction="mean")
+
     def __init__(self, state: ProcessState, ddp_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__(state)
         self.ddp_kwargs = dict(ddp_kwargs or {})
         self.distributed_type = DistributedType.MULTI_GPU if state.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    @classmethod
+    def from_request(cls, request: StrategyRequest) -> DDPStrategy:
+        """DDP with the script's DistributedDataParallelKwargs."""
+        return cls(request.state, request.ddp_kwargs)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)

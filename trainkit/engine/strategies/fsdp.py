@@ -19,7 +19,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -33,7 +33,7 @@ from trainkit.engine.precision import Precision
 from trainkit.engine.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
-from .base import Strategy
+from .base import Strategy, StrategyCapabilities, StrategyRequest
 
 logger = logging.getLogger(__name__)
 
@@ -43,34 +43,30 @@ class FSDPStrategy(Strategy):
 
     distributed_type = DistributedType.FSDP
     wants_autocast = True
+    # fp16: each rank sees only its gradient shard, so an overflow must be agreed on by all ranks.
+    capabilities = StrategyCapabilities(shards_parameters=True, supports_no_sync=True, needs_sharded_grad_scaler=True,
+                                        replaces_parameters=True, gradient_reduction="mean")
 
-    def __init__(self, state: ProcessState, plugin: FullyShardedDataParallelPlugin | None, precision: Precision,
-                 options: FSDPOptions | None = None) -> None:
+    def __init__(self, state: ProcessState, plugin: FullyShardedDataParallelPlugin | None,
+                 precision: Precision | None = None, options: FSDPOptions | None = None) -> None:
         """``options``: the resolved FSDP options (the engine's configuration); default: the plugin's own.
-        ``plugin`` supplies what plain data cannot: policy callables, ignored modules, torch's config objects."""
+        ``plugin`` supplies what plain data cannot: policy callables, ignored modules, torch's config objects.
+        ``precision``: settings to rebuild with this strategy's scaler (the Accelerator calls ``build_precision``)."""
         super().__init__(state)
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
         self.options = options if options is not None else self.plugin.options
-        self.precision = precision
         # id(original parameter) -> (weak reference to it, its sharded replacement): lets an optimizer
         # built before prepare() find the DTensor parameter that replaced each of its parameters.
         self._replacements: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
-        self._use_sharded_grad_scaler()
+        if precision is not None:
+            self.build_precision(precision.mode, precision.scaler_kwargs)
         if self.options.ignored_keys:
             logger.info("FSDP options without effect under FSDP2: %s", ", ".join(self.options.ignored_keys))
 
-    def _use_sharded_grad_scaler(self) -> None:
-        """fp16: each rank sees only its gradient shard, so an overflow must be agreed on by all ranks."""
-        scaler = self.precision.scaler
-        if scaler is None:
-            return
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-        # GradScaler keeps its settings in private fields only; copy them so GradScalerKwargs still apply.
-        self.precision.scaler = ShardedGradScaler(
-            self.device.type, init_scale=scaler._init_scale, growth_factor=scaler._growth_factor,
-            backoff_factor=scaler._backoff_factor, growth_interval=scaler._growth_interval, enabled=scaler._enabled,
-        )
+    @classmethod
+    def from_request(cls, request: StrategyRequest) -> FSDPStrategy:
+        """FSDP2 with the script's (or the launcher's) plugin."""
+        return cls(request.state, request.fsdp_plugin, options=request.fsdp_options)
 
     # -- wrapping ---------------------------------------------------------------------------------
     def wrap_model(self, model: nn.Module) -> nn.Module:
@@ -135,7 +131,7 @@ class FSDPStrategy(Strategy):
         explicit = self.plugin.explicit_mp_policy()
         if explicit is not None:
             return explicit, explicit
-        return sharding.mixed_precision_policies(self.plugin.param_dtype(default=self.precision.dtype))
+        return sharding.mixed_precision_policies(self.plugin.param_dtype(default=self.precision.dtype if self.precision else None))
 
     def _remember_replacements(self, originals: dict[str, nn.Parameter], model: nn.Module) -> None:
         sharded = dict(model.named_parameters(remove_duplicate=False))
@@ -158,10 +154,11 @@ class FSDPStrategy(Strategy):
         optimizer = getattr(optimizer, "optimizer", optimizer)
         for group in optimizer.param_groups:
             params = []
+            param: torch.Tensor
             for param in group["params"]:
                 entry = self._replacements.get(id(param))
                 if entry is not None and entry[0]() is param:
-                    replacement = entry[1]
+                    replacement = cast(DTensor, entry[1])
                     if param in optimizer.state:
                         optimizer.state[replacement] = _shard_state(optimizer.state.pop(param), replacement)
                     param = replacement
@@ -250,7 +247,7 @@ class FSDPStrategy(Strategy):
 
 
 @contextlib.contextmanager
-def _gradient_sync_paused(model: nn.Module) -> Iterator[None]:
+def _gradient_sync_paused(model: FSDPModule) -> Iterator[None]:
     model.set_requires_gradient_sync(False)
     try:
         yield
@@ -278,7 +275,7 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) 
     return stacked.pow(norm_type).sum().pow(1.0 / norm_type)
 
 
-def _shard_state(state: dict[str, Any], param: nn.Parameter) -> dict[str, Any]:
+def _shard_state(state: dict[str, Any], param: DTensor) -> dict[str, Any]:
     """Optimizer state of a parameter that became a DTensor: shard its parameter-shaped tensors alike."""
     sharded = {}
     for key, value in state.items():
