@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader
 
 from trainkit.engine import collectives
 from trainkit.engine.accumulation import GradientState
+from trainkit.engine.compat_options import announce_dataloader_options, resolve_compat_options
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.precision import Precision
 from trainkit.engine.process_control import only_when, split_inputs
@@ -28,13 +29,16 @@ from trainkit.engine.strategies import DDPStrategy, SingleDeviceStrategy, Strate
 from trainkit.engine.tracking import GeneralTracker, resolve_log_with, start_trackers
 from trainkit.engine.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
+    AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     DistributedType,
+    GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
     ProjectConfiguration,
+    TorchDynamoPlugin,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,8 +67,12 @@ class Accelerator:
         project_config: a :class:`ProjectConfiguration` (alternative to ``project_dir``).
         step_scheduler_with_optimizer: step prepared schedulers only when the optimizer stepped.
         kwargs_handlers: :class:`DistributedDataParallelKwargs`, :class:`GradScalerKwargs`,
-            :class:`InitProcessGroupKwargs`.
+            :class:`InitProcessGroupKwargs`, :class:`AutocastKwargs`, :class:`ProfileKwargs`.
         device_placement: move prepared models and batches to the device.
+        gradient_accumulation_plugin: accumulation options (instead of ``gradient_accumulation_steps``).
+        deepspeed_plugin, megatron_lm_plugin: not driven by trainkit (an error says so).
+        dynamo_backend, dynamo_plugin: torch.compile through the Accelerator is issue #12 (an error says so).
+        rng_types: accepted with a notice (the data order comes from a seeded sampler).
     """
 
     def __init__(
@@ -82,19 +90,31 @@ class Accelerator:
         device_placement: bool = True,
         split_batches: bool | None = None,
         even_batches: bool | None = None,
+        deepspeed_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        dynamo_backend: Any = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        rng_types: Sequence[Any] | None = None,
     ) -> None:
         launch = _launch_config()
-        handlers = {type(h): h for h in (kwargs_handlers or [])}
+        self._compat = resolve_compat_options(
+            kwargs_handlers=kwargs_handlers, gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, deepspeed_plugin=deepspeed_plugin,
+            megatron_lm_plugin=megatron_lm_plugin, dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin,
+            rng_types=rng_types)
+        handlers = self._compat.handlers
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         use_cpu = cpu if cpu is not None else bool(launch and launch.use_cpu)
         self.state = ProcessState.get(cpu=use_cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
+        self.state.attach_accelerator(self)
         self.device_placement = device_placement
 
         precision = mixed_precision or (launch.mixed_precision if launch else None) or "no"
         scaler_kwargs = handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in handlers else None
         self.precision = Precision(precision, self.state.device, scaler_kwargs)
 
-        steps = gradient_accumulation_steps or (launch.gradient_accumulation_steps if launch else None) or 1
+        steps = gradient_accumulation_steps or self._compat.accumulation_steps or (launch.gradient_accumulation_steps if launch else None) or 1
         if int(steps) < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {steps}.")
         self.gradient_state = GradientState(int(steps))
@@ -108,6 +128,7 @@ class Accelerator:
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
+        announce_dataloader_options(self.dataloader_config, self.project_configuration)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.log_with = resolve_log_with(log_with)
         self.trackers: list[GeneralTracker] = []
@@ -134,7 +155,7 @@ class Accelerator:
 
             return FSDPStrategy(self.state, fsdp_plugin, self.precision)
         if self.state.world_size > 1:
-            return DDPStrategy(self.state, ddp_kwargs)
+            return DDPStrategy(self.state, ddp_kwargs, comm_hook=self._compat.ddp_comm_hook())
         return SingleDeviceStrategy(self.state)
 
     # -- identity ---------------------------------------------------------------------------------
@@ -248,7 +269,7 @@ class Accelerator:
         """Count one micro-batch; inside, gradients synchronise only when its window closes."""
         self.gradient_state.advance()
         with contextlib.ExitStack() as stack:
-            if not self.gradient_state.sync_gradients:
+            if not (self.gradient_state.sync_gradients or self._compat.sync_each_batch):
                 for model in models:
                     stack.enter_context(self.strategy.no_sync(model))
             yield
@@ -263,9 +284,10 @@ class Accelerator:
             loss = loss / self.gradient_state.window_size
         self.precision.backward(loss, **kwargs)
 
-    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """A context running eligible ops in the mixed-precision dtype (prepared models already do)."""
-        return self.precision.autocast()
+        handler = autocast_handler or self._compat.autocast_kwargs or AutocastKwargs()
+        return self.precision.autocast(enabled=handler.enabled, cache_enabled=handler.cache_enabled)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Divide fp16 gradients by the loss scale (done for you by the clipping methods)."""
@@ -535,6 +557,25 @@ class Accelerator:
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
+
+    # -- Accelerate's less common contexts (each lives in its own module) -------------------------
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> contextlib.AbstractContextManager:
+        """Let ranks with fewer batches finish early under DDP (torch's ``Join``); ``even_batches`` overrides padding."""
+        from trainkit.engine.uneven import join_uneven_inputs
+
+        return join_uneven_inputs(self.distributed_type, joinables, self._dataloaders, even_batches)
+
+    def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Make the next backward all-reduce ``model``'s gradients, even inside ``no_sync``/``accumulate``."""
+        from trainkit.engine.strategies.ddp_sync import sync_in_backward
+
+        return sync_in_backward(model)
+
+    def profile(self, profile_handler: Any = None) -> contextlib.AbstractContextManager:
+        """torch's profiler configured by ``profile_handler`` (or the ``ProfileKwargs`` handler)."""
+        from trainkit.engine.profiling import profile
+
+        return profile(profile_handler or self._compat.profile_kwargs, self.device, self.process_index)
 
     def __repr__(self) -> str:
         return (f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "

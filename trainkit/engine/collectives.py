@@ -12,6 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from trainkit.engine.operation_checks import verify_operation
+
 
 def _world() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -40,6 +42,7 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
+@verify_operation
 def gather(data: Any) -> Any:
     """Concatenate every process's tensors along dim 0 (scalars become a vector), in rank order."""
     if _world() == 1:
@@ -61,6 +64,7 @@ def gather_object(obj: Any) -> list[Any]:
 _REDUCTIONS = ("sum", "mean", "none")
 
 
+@verify_operation
 def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     """All-reduce every tensor (``sum`` or ``mean``) times ``scale``; returns new tensors."""
     if reduction not in _REDUCTIONS:
@@ -104,6 +108,7 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
     return recursively_apply(_pad, data)
 
 
+@verify_operation
 def broadcast(data: Any, from_process: int = 0) -> Any:
     """Overwrite every tensor with ``from_process``'s values (in place; returns ``data``)."""
     if _world() == 1:

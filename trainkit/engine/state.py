@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from trainkit.engine.allocator import tune_allocator
+from trainkit.engine.state_api import AccelerateStateAPI
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ def _export_slurm_rendezvous(launch: LaunchEnvironment) -> None:
     os.environ.setdefault("LOCAL_RANK", str(launch.local_rank))
 
 
-class ProcessState:
+class ProcessState(AccelerateStateAPI):
     """The process-wide distributed state: identity, device, backend and the default process group.
 
     Use :meth:`get` rather than the constructor: the first call decides the device (``cpu=True`` forces
@@ -187,11 +188,6 @@ class ProcessState:
     def is_last_process(self) -> bool:
         """True on the highest global rank."""
         return self.rank == self.world_size - 1
-
-    # Accelerate's names for the same facts (scripts read them from ``accelerator.state``).
-    num_processes = property(lambda self: self.world_size, doc="Number of processes (Accelerate's name).")
-    process_index = property(lambda self: self.rank, doc="Global rank (Accelerate's name).")
-    local_process_index = property(lambda self: self.local_rank, doc="Rank on this machine (Accelerate's name).")
 
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point."""
