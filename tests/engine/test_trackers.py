@@ -5,6 +5,7 @@ Also: trainkit itself never imports ``accelerate`` (peft, in the dev extra, woul
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import struct
 import subprocess
@@ -16,31 +17,45 @@ import pytest
 from tests.distributed import REPO, worker_env
 
 LOGGED = [({"loss": 1.5, "accuracy": {"train": 0.5, "eval": 0.25}}, 1), ({"loss": 1.0}, 2)]
+TRACKERS = [name for name in ("tensorboard", "wandb", "mlflow") if importlib.util.find_spec(name) is not None]
+
+LOG_RUN = """
+import json, sys
+from trainkit import Accelerator
+a = Accelerator(cpu=True, log_with=json.loads(sys.argv[2]), project_dir=sys.argv[1])
+a.init_trackers("surface_run", config={"lr": 0.1, "optimizer": "sgd"})
+for values, step in json.loads(sys.argv[3]):
+    a.log(values, step=step)
+a.end_training()
+if "mlflow" in sys.argv[2]:  # read back through MLflow's own client
+    import mlflow
+    client = mlflow.tracking.MlflowClient()
+    run = client.search_runs([client.get_experiment_by_name("surface_run").experiment_id])[0]
+    history = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss")]
+    print("MLFLOW " + json.dumps({"loss": history, "params": run.data.params}))
+"""
 
 
-def _log_run(tmp_path: Path, log_with: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """One plain process: init_trackers, two log calls, end_training (each tracker owns process-wide state)."""
-    code = (
-        "import sys, json\n"
-        "from trainkit import Accelerator\n"
-        f"a = Accelerator(cpu=True, log_with={log_with!r}, project_dir=sys.argv[1])\n"
-        "a.init_trackers('surface_run', config={'lr': 0.1, 'optimizer': 'sgd'})\n"
-        f"for values, step in {LOGGED!r}:\n"
-        "    a.log(values, step=step)\n"
-        "a.end_training()\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=180,
-                            env=worker_env(**(env or {})), cwd=REPO)
+@pytest.fixture(scope="module")
+def logged_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One plain process logs to every installed tracker: init_trackers, two log calls, end_training."""
+    out = tmp_path_factory.mktemp("trackers")
+    env = worker_env(
+        WANDB_MODE="offline", WANDB_SILENT="true", WANDB_CONFIG_DIR=str(out / "wandb_config"),
+        WANDB_CACHE_DIR=str(out / "wandb_cache"),
+        # MLflow 3 keeps the local file store behind an opt-in; it needs no database or server.
+        MLFLOW_TRACKING_URI=(out / "mlruns").as_uri(), MLFLOW_ALLOW_FILE_STORE="true")
+    result = subprocess.run([sys.executable, "-c", LOG_RUN, str(out), json.dumps(TRACKERS), json.dumps(LOGGED)],
+                            capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
-    return result
+    return out, result
 
 
-def test_tensorboard_receives_nested_dicts_as_scalar_groups(tmp_path):
+def test_tensorboard_receives_nested_dicts_as_scalar_groups(logged_run):
     pytest.importorskip("tensorboard", reason="tensorboard is not installed (extra 'tensorboard')")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    _log_run(tmp_path, "tensorboard")
-    run = tmp_path / "surface_run"
+    run = logged_run[0] / "surface_run"
 
     def scalars(folder: Path, tag: str) -> list[tuple[int, float]]:
         events = EventAccumulator(str(folder))
@@ -73,11 +88,9 @@ def _wandb_records(path: Path):
             yield record
 
 
-def test_wandb_offline_files_hold_the_logged_metrics(tmp_path):
+def test_wandb_offline_files_hold_the_logged_metrics(logged_run):
     pytest.importorskip("wandb", reason="wandb is not installed (extra 'wandb')")
-    _log_run(tmp_path, "wandb", env={"WANDB_MODE": "offline", "WANDB_SILENT": "true",
-                                     "WANDB_CONFIG_DIR": str(tmp_path / "wandb_config"),
-                                     "WANDB_CACHE_DIR": str(tmp_path / "wandb_cache")})
+    tmp_path = logged_run[0]
     (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
     history, config = [], {}
     for record in _wandb_records(run_file):
@@ -92,23 +105,11 @@ def test_wandb_offline_files_hold_the_logged_metrics(tmp_path):
     assert config["lr"] == 0.1 and config["optimizer"] == "sgd"
 
 
-def test_mlflow_local_file_store_holds_the_logged_metrics(tmp_path):
-    pytest.importorskip("mlflow", reason="mlflow is not installed (extra 'mlflow')")
-    uri = (tmp_path / "mlruns").as_uri()
-    # MLflow 3 keeps the file store behind an opt-in; it needs no database or server.
-    result = _log_run(tmp_path, "mlflow", env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_ALLOW_FILE_STORE": "true"})
+@pytest.mark.skipif("mlflow" not in TRACKERS, reason="mlflow is not installed (extra 'mlflow')")
+def test_mlflow_local_file_store_holds_the_logged_metrics(logged_run):
+    result = logged_run[1]
     assert "'accuracy'" in result.stderr  # a dict is not an MLflow metric: skipped with a warning, as in Accelerate
-    code = (
-        "import sys, json, mlflow\n"
-        "client = mlflow.tracking.MlflowClient(tracking_uri=sys.argv[1])\n"
-        "run = client.search_runs([client.get_experiment_by_name('surface_run').experiment_id])[0]\n"
-        "history = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, 'loss')]\n"
-        "print(json.dumps({'loss': history, 'params': run.data.params}))\n"
-    )
-    read = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, timeout=120,
-                          env=worker_env(MLFLOW_ALLOW_FILE_STORE="true"), cwd=REPO)
-    assert read.returncode == 0, read.stderr[-4000:]
-    stored = json.loads(read.stdout.strip().splitlines()[-1])
+    stored = json.loads(result.stdout.split("MLFLOW ", 1)[1].splitlines()[0])
     assert stored["loss"] == [[1, 1.5], [2, 1.0]] and stored["params"] == {"lr": "0.1", "optimizer": "sgd"}
 
 
