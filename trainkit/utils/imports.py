@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from functools import lru_cache
 
 
@@ -46,7 +47,7 @@ def is_cuda_available() -> bool:
 
 
 # Accelerate's availability checks for optional packages: "is it installed", checked without importing.
-def _installed(*names: str):
+def _installed(*names: str) -> Callable[[], bool]:
     def check() -> bool:
         return any(is_package_available(name) for name in names)
 
