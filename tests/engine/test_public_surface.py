@@ -51,6 +51,8 @@ PUBLIC_NAMES = {
     ],
     "trainkit.state": ["PartialState", "AcceleratorState", "GradientState", "DistributedType"],
     "trainkit.logging": ["get_logger", "MultiProcessAdapter"],
+    "trainkit.tracking": ["GeneralTracker", "TensorBoardTracker", "WandBTracker", "MLflowTracker"],
+    "trainkit.local_sgd": ["LocalSGD"],
     "trainkit.data_loader": [
         "DataLoaderShard", "DataLoaderDispatcher", "BatchSamplerShard", "IterableDatasetShard",
         "SeedableRandomSampler", "SkipBatchSampler", "skip_first_batches", "prepare_data_loader",
@@ -280,3 +282,13 @@ def test_every_name_in_the_table_is_accelerates_too():
         accelerate_module = importlib.import_module(module.replace("trainkit", "accelerate", 1))
         missing += [f"{module}.{name}" for name in names if not hasattr(accelerate_module, name)]
     assert missing == []
+
+
+def test_log_with_accepts_logger_type_members(tmp_path):
+    from trainkit import Accelerator
+    from trainkit.utils import LoggerType
+
+    accelerator = Accelerator(cpu=True, log_with=LoggerType.TENSORBOARD, project_dir=str(tmp_path))
+    assert accelerator.log_with == ["tensorboard"]
+    with pytest.raises(Exception, match="comet_ml"):
+        Accelerator(cpu=True, log_with=[LoggerType.COMETML])

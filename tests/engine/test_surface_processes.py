@@ -57,6 +57,9 @@ def test_accelerator_contexts_on_two_ranks(two_ranks):
     assert (r0["uneven_batches"], r1["uneven_batches"]) == (3, 2)
     assert r0["weights_after_join"] == r1["weights_after_join"]
     assert r0["even_batches_restored"] is True and r0["gradient_state_shared"]
+    # LocalSGD: different after step 0 (local), equal after step 1 (averaged every 2), equal again at exit.
+    assert r0["local_sgd_step0"] != r1["local_sgd_step0"] and r0["local_sgd_step1"] == r1["local_sgd_step1"]
+    assert r0["local_sgd_step2"] != r1["local_sgd_step2"] and r0["local_sgd_exit"] == r1["local_sgd_exit"]
     assert r0["profiled_events"] and sorted(p.name for p in (out / "traces").iterdir()) == [
         "trace_rank_0.json", "trace_rank_1.json"]
 

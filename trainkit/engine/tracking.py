@@ -200,7 +200,7 @@ def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTrac
     """Validate ``log_with`` and expand "all" into the installed trackers."""
     if log_with is None:
         return []
-    items = [log_with] if isinstance(log_with, (str, GeneralTracker)) else list(log_with)
+    items = list(log_with) if isinstance(log_with, (list, tuple)) else [log_with]  # one name, LoggerType or tracker
     resolved: list[str | GeneralTracker] = []
     for item in items:
         if isinstance(item, GeneralTracker):

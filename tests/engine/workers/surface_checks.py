@@ -113,6 +113,21 @@ def accelerator_checks() -> None:
     report["uneven_batches"] = batches
     report["even_batches_restored"] = getattr(loader.batch_sampler, "even_batches", None)
     report["weights_after_join"] = inner.weight.detach().flatten().tolist()
+    # LocalSGD: replicas drift inside the block (no gradient all-reduce) and are averaged every 2 steps and at exit.
+    from trainkit.local_sgd import LocalSGD
+
+    torch.manual_seed(0)
+    local_model = accelerator.prepare(nn.Linear(3, 1))
+    local_optimizer = accelerator.prepare(torch.optim.SGD(local_model.parameters(), lr=0.1))
+    local_inner = accelerator.unwrap_model(local_model)
+    with LocalSGD(accelerator, local_model, local_sgd_steps=2) as local_sgd:
+        for step in range(3):
+            local_optimizer.zero_grad()
+            accelerator.backward(local_model(torch.full((1, 3), float(rank + 1))).sum())
+            local_optimizer.step()
+            local_sgd.step()
+            report[f"local_sgd_step{step}"] = local_inner.weight.detach().flatten().tolist()
+    report["local_sgd_exit"] = local_inner.weight.detach().flatten().tolist()
     with accelerator.profile() as profiler:
         model(torch.ones(1, 3)).sum().backward()
     report["profiled_events"] = len(profiler.key_averages()) > 0
