@@ -50,6 +50,7 @@ def test_utils_collectives_on_two_ranks(two_ranks):
 def test_accelerator_contexts_on_two_ranks(two_ranks):
     (r0, r1), out = two_ranks
     assert r0["comm_hook"] == r1["comm_hook"] == "fp16_compress_hook"
+    assert r0["wrapped_comm_hook"].startswith("fp16_compress_wrapper")  # wrapping the PowerSGD hook
     # no_sync keeps each rank's own gradient (inputs 1 and 2 -> 2 and 4); trigger_sync_in_backward averages them.
     assert r0["grad_no_sync"] == [[2.0] * 3] and r1["grad_no_sync"] == [[4.0] * 3]
     assert r0["grad_triggered"] == r1["grad_triggered"] == [[3.0] * 3]

@@ -128,6 +128,14 @@ def accelerator_checks() -> None:
             local_sgd.step()
             report[f"local_sgd_step{step}"] = local_inner.weight.detach().flatten().tolist()
     report["local_sgd_exit"] = local_inner.weight.detach().flatten().tolist()
+    powersgd = DistributedDataParallelKwargs(comm_hook=DDPCommunicationHookType.POWER_SGD,
+                                             comm_wrapper=DDPCommunicationHookType.FP16,
+                                             comm_state_option={"matrix_approximation_rank": 1})
+    second = Accelerator(cpu=True, kwargs_handlers=[powersgd])
+    compressed = second.prepare(nn.Linear(3, 1))
+    second.backward(compressed(torch.ones(2, 3)).sum())
+    if second.num_processes > 1:
+        report["wrapped_comm_hook"] = compressed._get_ddp_logging_data().get("comm_hook", "")
     with accelerator.profile() as profiler:
         model(torch.ones(1, 3)).sum().backward()
     report["profiled_events"] = len(profiler.key_averages()) > 0

@@ -32,8 +32,8 @@ def register_comm_hook(model: DistributedDataParallel, hook: Any, wrapper: Any =
         model.register_comm_hook(state=None, hook=plain[hook])
         return
     function = power[hook]
-    wrappers = {DDPCommunicationHookType.FP16: default_hooks.fp16_wrapper,
-                DDPCommunicationHookType.BF16: default_hooks.bf16_wrapper}
+    wrappers = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
+                DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper}
     if wrapper in wrappers:
         function = wrappers[wrapper](function)
     state = powerSGD_hook.PowerSGDState(process_group=None, **(state_option or {}))
