@@ -30,6 +30,14 @@ RUNS = {
     "shard_grad_op": {"sharding_strategy": "SHARD_GRAD_OP"},
     "offload": {"sharding_strategy": "FULL_SHARD", "cpu_offload": True},
 }
+# DeepSpeed configs (docs/deepspeed.md): DeepSpeedPlugin fields, run on trainkit's DDP/FSDP2 engine.
+DEEPSPEED_RUNS = {
+    "zero1": {"zero_stage": 1},
+    "zero2": {"zero_stage": 2},
+    "zero3": {"zero_stage": 3},
+    "zero3_offload": {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu"},
+}
+RUNS.update(DEEPSPEED_RUNS)
 logger = logging.getLogger("fsdp_memory")
 
 
@@ -63,9 +71,12 @@ def worker(run: str, args: argparse.Namespace) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
         forward_model = model
     else:
-        from trainkit import Accelerator, FullyShardedDataParallelPlugin
+        from trainkit import Accelerator, DeepSpeedPlugin, FullyShardedDataParallelPlugin
 
-        accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(**RUNS[run]))
+        if run in DEEPSPEED_RUNS:
+            accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(**RUNS[run]))
+        else:
+            accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(**RUNS[run]))
         model = accelerator.prepare(model)
         optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-5))
         forward_model = model
@@ -82,7 +93,9 @@ def worker(run: str, args: argparse.Namespace) -> None:
         optimizer.step()
         optimizer.zero_grad()
         step_times.append(time.perf_counter() - started)
-    state_tensors = [v for state in optimizer.state.values() for v in state.values()
+    inner = getattr(optimizer, "optimizer", optimizer)
+    owned = getattr(inner, "optim", inner)  # ZeRO-1 (ZeroRedundancyOptimizer) keeps its shard's state in .optim
+    state_tensors = [v for state in owned.state.values() for v in state.values()
                      if isinstance(v, torch.Tensor) and v.dim() > 0]
     measured = {
         "param_bytes": tensor_bytes(model.parameters()),

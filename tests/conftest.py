@@ -1,4 +1,10 @@
-"""Test-wide settings: offline hub, one thread per process (the machine has two cores)."""
+"""Test-wide settings: offline hub, one thread per process (the machine has two cores), and the device.
+
+Device rule: a test runs on CPU unless it is marked ``gpu``. Tests that build an ``Accelerator`` or a
+``Trainer`` in the pytest process get a fresh CPU process state (and it is torn down after them), so
+nothing leaks from one test into the next and results do not depend on the machine having a GPU;
+multi-process tests hide the GPUs from their workers (``tests.distributed.worker_env``).
+"""
 
 import os
 
@@ -13,6 +19,18 @@ for _key, _value in TRACKER_ENV.items():
 import pytest
 
 
+@pytest.fixture(autouse=True)
+def _fresh_process_state(request):
+    """Each test starts without process state: on CPU, or (``gpu`` tests) on the device the engine picks."""
+    from trainkit.engine.state import ProcessState
+
+    ProcessState.reset()
+    if request.node.get_closest_marker("gpu") is None:
+        ProcessState.get(cpu=True)
+    yield
+    ProcessState.reset()
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip `gpu` tests where CUDA is absent, saying why (never silently)."""
     import torch
@@ -21,5 +39,5 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; none on this machine")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # the marker, not a folder that happens to be named gpu
             item.add_marker(skip)

@@ -28,9 +28,18 @@ TRACKER_ENV = {
 }
 
 
-def worker_env(**extra: str) -> dict[str, str]:
-    """The environment for workers: one thread each, the repo importable, no launcher config leaking in."""
+def worker_env(device: str = "cpu", **extra: str) -> dict[str, str]:
+    """The environment for workers: one thread each, the repo importable, no launcher config leaking in.
+
+    ``device="cpu"`` (the default) hides every GPU, so the workers run on CPU with gloo whatever the
+    machine has (two ranks would otherwise share one GPU, which NCCL refuses); ``device="cuda"`` keeps
+    the machine's GPUs visible, for tests marked ``gpu``.
+    """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"worker_env(device={device!r}): use 'cpu' or 'cuda'.")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINKIT_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
                PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env.update(TRACKER_ENV)
@@ -40,7 +49,11 @@ def worker_env(**extra: str) -> dict[str, str]:
 
 def run_torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float = 240, env: dict[str, str] | None = None,
                  check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``script`` in ``nproc`` gloo processes with torchrun; raise with both logs if it fails (unless ``check=False``)."""
+    """Run ``script`` in ``nproc`` processes with torchrun; raise with both logs if it fails (unless ``check=False``).
+
+    The default ``env`` (:func:`worker_env`) runs them on CPU with gloo; pass ``worker_env(device="cuda")``
+    from a ``gpu`` test that has checked there is one GPU per rank.
+    """
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
         "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), *map(str, args),
@@ -49,7 +62,7 @@ def run_torchrun(script: str | Path, *args: str, nproc: int = 2, timeout: float 
 
 
 def run_python(script: str | Path, *args: str, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``script`` as one plain process (no launcher)."""
+    """Run ``script`` as one plain process (no launcher); on CPU unless ``env`` says otherwise."""
     return _run([sys.executable, str(script), *map(str, args)], timeout, env)
 
 

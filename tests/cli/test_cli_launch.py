@@ -61,6 +61,22 @@ def test_fsdp_yaml_verbatim_workers_report_fsdp_and_bf16(tmp_path):
         assert report["world"] == 2 and report["sharding_strategy"] == "SHARD_GRAD_OP"  # the flag won
 
 
+def test_dynamo_flags_compile_each_block_before_fsdp_shards_it(tmp_path):
+    """CPU, 2 gloo ranks: --dynamo_* flags reach Accelerator(); regional compilation under FSDP2."""
+    result = trainkit("launch", "--num_processes", "2", "--cpu", "--use_fsdp", "--fsdp_auto_wrap_policy",
+                      "TRANSFORMER_BASED_WRAP", "--dynamo_backend", "AOT_EAGER",
+                      "--dynamo_use_regional_compilation", "true", SCRIPTS / "accelerator_worker.py",
+                      tmp_path=tmp_path, timeout=180)
+    assert result.returncode == 0, explain(result)
+    found = reports(result.stdout)
+    assert sorted(found) == [0, 1]
+    for report in found.values():
+        assert report["distributed_type"] == "FSDP" and report["compiled"] == ["FSDPBertLayer"]  # compiled, then sharded
+        assert report["loss_finite"]
+        assert report["state_dict_keys"] == ["0.linear.bias", "0.linear.weight", "1.linear.bias", "1.linear.weight",
+                                             "2.bias", "2.weight"]  # no _orig_mod. prefixes
+
+
 def test_a_rank_raising_fails_the_job_and_the_last_line_names_it(tmp_path):
     started = time.monotonic()
     result = trainkit("launch", "--num_processes", "2", SCRIPTS / "allreduce_worker.py", "--mode", "raise",

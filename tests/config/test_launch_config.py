@@ -117,7 +117,7 @@ def test_unused_accelerate_keys_are_accepted_and_listed():
         ({"distributed_type": "FSDP", "fsdp_config": {"fsdp_sharding_strategy": "FULL_SHRAD"}},
          ["'FULL_SHRAD'", "Did you mean 'FULL_SHARD'"]),
         ({"rdzv_backend": "c10"}, ["'c10'", "Did you mean 'c10d'", "static"]),
-        ({"distributed_type": "DEEPSPEED"}, ["not support", "NO, MULTI_CPU, MULTI_GPU, FSDP"]),
+        ({"distributed_type": "MEGATRON_LM"}, ["not support", "NO, MULTI_CPU, MULTI_GPU, FSDP, DEEPSPEED"]),
         ({"distributed_type": "multi_npu"}, ["not support"]),
         ({"mixed_precision": "fp8"}, ["fp8", "not supported"]),
         ({"num_processes": 3, "num_machines": 2}, ["multiple of num_machines"]),

@@ -28,7 +28,7 @@ from trainkit.config import LaunchConfig, write_launch_handoff
 pytestmark = pytest.mark.multiprocess
 
 WORKERS = Path(__file__).parent / "workers"
-CPU_ENV = worker_env(CUDA_VISIBLE_DEVICES="")  # gloo on CPU even where a GPU exists (ranks would share it)
+CPU_ENV = worker_env(device="cpu")  # gloo on CPU even where a GPU exists (ranks would share it)
 LOSS_TOLERANCE = 1e-4
 ISSUE_YAML = FSDP_ISSUE_YAML
 
@@ -84,6 +84,14 @@ def test_full_state_dict_on_every_rank_with_torch_config(out: Path) -> None:
     assert entry["sizes"][0] == entry["sizes"][1] > 0
     assert entry["state_diff"] <= 1e-5
     assert entry["state_dict_type"] == "FULL_STATE_DICT"
+
+
+def test_optim_state_dict_config_decides_where_full_optimizer_state_goes(out: Path) -> None:
+    entry = results(out, "two_ranks")["optim_state_dict_config"]
+    every_rank, rank0_only = entry["every_rank"], entry["rank0_only"]
+    assert every_rank["tensors"][0] == every_rank["tensors"][1] > 0  # rank0_only=False: full state on both ranks
+    assert rank0_only["tensors"] == [every_rank["tensors"][0], 0]  # rank0_only=True: rank 1 gets {}
+    assert rank0_only["devices"][0] == ["cpu"]  # offload_to_cpu=True
 
 
 def test_ignored_modules_are_left_unsharded(out: Path) -> None:
@@ -150,7 +158,7 @@ def test_four_ranks_hybrid_and_load_2_rank_checkpoint(out: Path) -> None:
 
 @pytest.mark.gpu
 def test_bf16_on_one_gpu(tmp_path: Path) -> None:
-    run_python(WORKERS / "fsdp_other_worlds.py", tmp_path, "--gpu-bf16", timeout=300)
+    run_python(WORKERS / "fsdp_other_worlds.py", tmp_path, "--gpu-bf16", timeout=300, env=worker_env(device="cuda"))
     entry = results(tmp_path, "gpu")["gpu_bf16"]
     assert entry["device"].startswith("cuda") and entry["all_dtensor"] and entry["mesh_shape"] == [1]
     assert entry["loss_diff"] <= 5e-3, entry

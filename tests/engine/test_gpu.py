@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.distributed import run_python, run_torchrun
+from tests.distributed import run_python, run_torchrun, worker_env
 
 WORKER = Path(__file__).parent / "workers" / "engine_checks.py"
 
@@ -17,7 +17,8 @@ WORKER = Path(__file__).parent / "workers" / "engine_checks.py"
 @pytest.mark.gpu
 def test_engine_claims_on_cuda(tmp_path):
     world = min(torch.cuda.device_count(), 2)
-    run_python(WORKER, tmp_path) if world == 1 else run_torchrun(WORKER, tmp_path, nproc=world)
+    env = worker_env(device="cuda")
+    run_python(WORKER, tmp_path, env=env) if world == 1 else run_torchrun(WORKER, tmp_path, nproc=world, env=env)
     report = json.loads((tmp_path / "report_rank0.json").read_text())
     assert report["distributed_type"] == ("NO" if world == 1 else "MULTI_GPU")
     ours, reference = load_file(tmp_path / "ddp_b4_k1_n32.safetensors"), load_file(tmp_path / "reference_n32.safetensors")

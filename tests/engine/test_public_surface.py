@@ -127,37 +127,20 @@ def test_non_blocking_reaches_the_prepared_loader():
     assert loader.non_blocking is True
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"dynamo_plugin": "TorchDynamoPlugin"}, "issue #12"),
-    ({"dynamo_backend": "inductor"}, "issue #12"),
-    ({"deepspeed_plugin": object()}, "does not drive DeepSpeed"),
-    ({"megatron_lm_plugin": object()}, "Megatron-LM"),
-])
-def test_features_trainkit_does_not_drive_raise_saying_so(kwargs, message):
+def test_features_trainkit_does_not_drive_raise_saying_so():
     from trainkit import Accelerator
-    from trainkit.utils import TorchDynamoPlugin
 
-    if kwargs.get("dynamo_plugin") == "TorchDynamoPlugin":
-        kwargs = {"dynamo_plugin": TorchDynamoPlugin(backend="inductor")}
-    with pytest.raises(NotImplementedError, match=message):
-        Accelerator(cpu=True, **kwargs)
+    with pytest.raises(NotImplementedError, match="Megatron-LM"):
+        Accelerator(cpu=True, megatron_lm_plugin=object())
 
 
-@pytest.mark.parametrize("name", ["DeepSpeedPlugin", "DummyOptim", "DummyScheduler", "MegatronLMPlugin",
-                                  "FP8RecipeKwargs", "TERecipeKwargs", "AORecipeKwargs"])
+@pytest.mark.parametrize("name", ["MegatronLMPlugin", "MegatronLMDummyScheduler", "FP8RecipeKwargs",
+                                  "TERecipeKwargs", "AORecipeKwargs", "MSAMPRecipeKwargs"])
 def test_absent_feature_classes_raise_on_construction(name):
     import trainkit.utils
 
     with pytest.raises(NotImplementedError, match="trainkit"):
         getattr(trainkit.utils, name)()
-
-
-def test_disabled_dynamo_plugin_and_no_backend_are_accepted():
-    from trainkit import Accelerator
-    from trainkit.utils import TorchDynamoPlugin
-
-    Accelerator(cpu=True, dynamo_backend="no")
-    Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="inductor", disable=True))
 
 
 def test_gradient_accumulation_plugin_sets_the_steps():

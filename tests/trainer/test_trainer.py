@@ -24,7 +24,7 @@ def _args(tmp_path, **extra):
 
 
 def _weights(trainer):
-    return {k: v.detach().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
+    return {k: v.detach().cpu().clone() for k, v in trainer.accelerator.unwrap_model(trainer.model).state_dict().items()}
 
 
 @pytest.mark.parametrize("size, runs", [(24, [(2, 4), (8, 1), (4, 2)]), (20, [(2, 4), (4, 2), (1, 8)])])
@@ -87,7 +87,7 @@ def test_best_model_is_loaded_at_end_and_rotation_keeps_it(tmp_path):
     # save_total_limit=1 keeps the newest and the best, never deleting the best.
     assert [os.path.basename(p) for p in checkpoints.sorted_checkpoints(output_dir)] == ["checkpoint-4", "checkpoint-12"]
     best = load_file(os.path.join(trainer.state.best_model_checkpoint, "model.safetensors"))
-    assert torch.equal(_weights(trainer)["offset"], best["offset"])
+    assert torch.equal(_weights(trainer)["offset"].cpu(), best["offset"])
     last = load_file(os.path.join(output_dir, "checkpoint-12", "model.safetensors"))
     assert not torch.equal(best["offset"], last["offset"])
     state = json.loads(open(os.path.join(output_dir, "checkpoint-12", "trainer_state.json")).read())

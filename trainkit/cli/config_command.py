@@ -16,6 +16,7 @@ from trainkit.config import (
     default_config_path,
     write_config_file,
 )
+from trainkit.config.engine import PRECEDENCE, resolve_engine_config
 
 from .config_flags import FLAG_SOURCE, add_config_flags, config_layers, describe_source, flags_to_mapping
 from .config_questions import Asker, ask_launch_config, gpus_probably_present
@@ -58,6 +59,10 @@ def show(args: argparse.Namespace) -> int:
     print(f"Resolved launch configuration ({order}):")
     for line in format_config(config):
         print(line)
+    print("Engine settings a launched script receives (explicit arguments in the script win over these: "
+          f"{' > '.join(PRECEDENCE)}):")
+    for line in resolve_engine_config(launch=config).describe():
+        print(f"  - {line}")
     notice = config.unused_keys_notice()
     if notice:
         print(notice)
@@ -83,8 +88,28 @@ def format_config(config: LaunchConfig) -> list[str]:
                 source = config.source_of(f"fsdp_config.{name}")
                 lines.append(_row(name, value[name], describe_source(source, name), indent=4))
             continue
+        if key == "deepspeed_config" and config.deepspeed_config is not None:
+            lines.append(_row(key, "", describe_source(config.source_of(key), key)))
+            lines.extend(_deepspeed_rows(config))
+            continue
         lines.append(_row(key, value, describe_source(config.source_of(key), key)))
     return lines
+
+
+def _deepspeed_rows(config: LaunchConfig) -> list[str]:
+    """Each DeepSpeed key of the config, then the FSDP2/DDP setting it became."""
+    from trainkit.config.deepspeed import AutoValues, translate
+
+    plugin = config.deepspeed_plugin()
+    rows = [_row(name, value, "", indent=4) for name, value in (config.deepspeed_config or {}).items()]
+    settings = translate(plugin.deepspeed_config, AutoValues(
+        mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps,
+        world_size=config.num_processes), where="deepspeed_config")
+    rows.append("    runs on trainkit's engine as:")
+    rows.extend(f"      {name:<58} -> {meaning}" for name, meaning in settings.mapping)
+    if settings.no_effect:
+        rows.append("      no effect under FSDP2: " + ", ".join(settings.no_effect))
+    return rows
 
 
 def _row(key: str, value: Any, source: str, indent: int = 2) -> str:

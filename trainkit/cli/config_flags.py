@@ -41,7 +41,32 @@ _PLAIN_FLAGS: dict[str, tuple[Any, str]] = {
     "collective_timeout": (float, "Seconds before a collective that never completes fails the job (default 600)."),
     "gpu_ids": (str, "GPUs to use on this machine: 'all' or a comma-separated list."),
     "distributed_type": (str, f"One of {', '.join(DISTRIBUTED_TYPES)} (normally implied by the flags below)."),
-    "dynamo_backend": (str, "Accepted for Accelerate compatibility; trainkit does not compile."),
+}
+# DeepSpeed flags (Accelerate's): they fill the launch config's ``deepspeed_config`` block and imply
+# distributed_type DEEPSPEED, which trainkit runs on FSDP2/DDP (docs/deepspeed.md).
+_DEEPSPEED_FLAGS = {
+    "zero_stage": "ZeRO stage 0-3 (3 = FSDP2 FULL_SHARD, 2 = SHARD_GRAD_OP, 1 = sharded optimizer state).",
+    "offload_optimizer_device": "none | cpu (with --offload_param_device cpu and stage 3).",
+    "offload_param_device": "none | cpu (with --offload_optimizer_device cpu and stage 3).",
+    "offload_optimizer_nvme_path": "Refused: FSDP2 offloads to CPU memory only.",
+    "offload_param_nvme_path": "Refused: FSDP2 offloads to CPU memory only.",
+    "gradient_clipping": "Clip gradients to this total norm before each optimizer step.",
+    "zero3_init_flag": "true: build the model on the meta device, rank 0 loads the weights.",
+    "zero3_save_16bit_model": "true: save full (gathered) weights instead of shards.",
+    "deepspeed_config_file": "A DeepSpeed JSON config (\"auto\" values allowed).",
+    "deepspeed_hostfile": "Refused: DeepSpeed's launcher; use --num_machines/--main_process_ip.",
+    "deepspeed_multinode_launcher": "Only 'standard' (torchrun on each machine).",
+    "deepspeed_inclusion_filter": "Refused: DeepSpeed's launcher.",
+    "deepspeed_exclusion_filter": "Refused: DeepSpeed's launcher.",
+    "deepspeed_moe_layer_cls_names": "Refused: DeepSpeed's MoE leaf modules.",
+}
+# torch.compile flags (Accelerate's): they fill the launch config's ``dynamo_config`` block.
+_DYNAMO_FLAGS = {
+    "dynamo_backend": "torch.compile backend for prepared models (inductor, aot_eager, ...; no = off).",
+    "dynamo_mode": "torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs.",
+    "dynamo_use_fullgraph": "true: fail on graph breaks instead of splitting the graph.",
+    "dynamo_use_dynamic": "true: compile for dynamic shapes.",
+    "dynamo_use_regional_compilation": "true: compile the repeated block once instead of the whole model.",
 }
 
 
@@ -58,6 +83,14 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--debug", action="store_const", const=True, default=None,
                        help="Check that every rank calls the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL).")
     group.add_argument("--same_network", action="store_const", const=True, default=None, help=argparse.SUPPRESS)
+    deepspeed = parser.add_argument_group("DeepSpeed configs, run on FSDP2 (each flag implies --use_deepspeed)")
+    deepspeed.add_argument("--use_deepspeed", action="store_const", const=True, default=None,
+                           help="distributed_type DEEPSPEED (ZeRO stages on FSDP2/DDP).")
+    for name, text in _DEEPSPEED_FLAGS.items():
+        deepspeed.add_argument(f"--{name}", type=str, default=None, metavar="VALUE", help=text)
+    dynamo = parser.add_argument_group("torch.compile")
+    for name, text in _DYNAMO_FLAGS.items():
+        dynamo.add_argument(f"--{name}", type=str, default=None, metavar="VALUE", help=text)
     fsdp = parser.add_argument_group("FSDP (each --fsdp_* flag implies --use_fsdp)")
     fsdp.add_argument("--use_fsdp", action="store_const", const=True, default=None, help="distributed_type FSDP.")
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
@@ -101,6 +134,14 @@ def flags_to_mapping(args: argparse.Namespace) -> dict[str, Any]:
             mapping[name] = True
     if getattr(args, "multi_gpu", None):
         mapping["distributed_type"] = "MULTI_GPU"
+    deepspeed = {name: getattr(args, name) for name in _DEEPSPEED_FLAGS if getattr(args, name, None) is not None}
+    if getattr(args, "use_deepspeed", None) or deepspeed:
+        mapping["distributed_type"] = "DEEPSPEED"
+    if deepspeed:
+        mapping["deepspeed_config"] = deepspeed
+    dynamo = {name: getattr(args, name) for name in _DYNAMO_FLAGS if getattr(args, name, None) is not None}
+    if dynamo:
+        mapping["dynamo_config"] = dynamo
     fsdp_options = {}
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
         value = getattr(args, f"fsdp_{name}", None)

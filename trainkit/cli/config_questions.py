@@ -124,10 +124,13 @@ def ask_launch_config(asker: Asker) -> dict[str, Any]:
     use_fsdp = asker.yes_no("Use FSDP (shard parameters, gradients and optimizer state)?", False)
     if use_fsdp:
         config["fsdp_config"] = ask_fsdp_options(asker)
+    use_deepspeed = not use_fsdp and asker.yes_no("Use a DeepSpeed config (ZeRO stages, run on FSDP2)?", False)
+    if use_deepspeed:
+        config["deepspeed_config"] = ask_deepspeed_options(asker)
     processes = asker.integer("How many processes in total (over all machines)?", machines, minimum=1)
     config["num_processes"] = processes
-    if use_fsdp:
-        config["distributed_type"] = "FSDP"
+    if use_fsdp or use_deepspeed:
+        config["distributed_type"] = "FSDP" if use_fsdp else "DEEPSPEED"
     elif processes > 1:
         config["distributed_type"] = "MULTI_CPU" if config["use_cpu"] or not gpus else "MULTI_GPU"
     else:
@@ -163,4 +166,22 @@ def ask_fsdp_options(asker: Asker) -> dict[str, Any]:
         "Broadcast rank 0's weights to the others when sharding?", defaults.sync_module_states)
     options["fsdp_activation_checkpointing"] = asker.yes_no("Activation checkpointing?", defaults.activation_checkpointing)
     options["fsdp_use_orig_params"] = True
+    return options
+
+
+def ask_deepspeed_options(asker: Asker) -> dict[str, Any]:
+    """Accelerate's DeepSpeed questions: a JSON config file, or the ZeRO stage and its options."""
+    path = asker.text("DeepSpeed JSON config file (empty: answer the ZeRO questions instead)?", None)
+    if path:
+        return {"deepspeed_config_file": path}
+    stage = int(asker.choice("ZeRO stage (0 DDP, 1 + sharded optimizer state, 2 FSDP2 SHARD_GRAD_OP, "
+                             "3 FSDP2 FULL_SHARD)?", ["0", "1", "2", "3"], "2"))
+    options: dict[str, Any] = {"zero_stage": stage}
+    if stage == 3:
+        offload = asker.yes_no("Offload parameters and optimizer state to CPU?", False)
+        options["offload_optimizer_device"] = options["offload_param_device"] = "cpu" if offload else "none"
+        options["zero3_init_flag"] = asker.yes_no("Build the model on the meta device, rank 0 loading the weights?",
+                                                  False)
+        options["zero3_save_16bit_model"] = asker.yes_no("Save full (gathered) weights rather than shards?", True)
+    options["gradient_accumulation_steps"] = asker.integer("Gradient accumulation steps?", 1, minimum=1)
     return options

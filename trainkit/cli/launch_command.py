@@ -14,6 +14,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handoff
 
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         import torch  # only now: the one-process path never pays for it here
 
         config = resolve_config(args, cuda_available=torch.cuda.is_available())
+        _check_gpus(config, torch)
     notice = config.unused_keys_notice()
     if notice:
         print(notice, file=sys.stderr)
@@ -58,6 +60,18 @@ def run(args: argparse.Namespace) -> int:
     if single:
         _exec_single_process(args)  # does not return
     return _run_torchrun(config, args)
+
+
+def _check_gpus(config: LaunchConfig, torch: Any) -> None:
+    """Before any worker starts: every process of this machine needs a GPU of its own (unless on CPU)."""
+    if config.use_cpu or not torch.cuda.is_available():
+        return
+    from trainkit.engine.devices import check_processes_fit_gpus
+
+    visible = torch.cuda.device_count()
+    if config.gpu_ids not in (None, "all"):
+        visible = min(visible, len(str(config.gpu_ids).split(",")))
+    check_processes_fit_gpus(config.processes_per_machine, visible, where="trainkit launch")
 
 
 def _handoff_path(config: LaunchConfig) -> Path:

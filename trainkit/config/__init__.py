@@ -1,9 +1,11 @@
-"""Configuration as plain data: the launch config (Accelerate's YAML keys), FSDP options, their loaders.
+"""Configuration as plain data: the launch config (Accelerate's YAML keys), FSDP options, their loaders, and
+the engine's configuration resolved once from explicit arguments, the launcher's config and defaults.
 
 Imports nothing heavy (no torch, no transformers) and nothing from the rest of trainkit, so the CLI can
 validate a file in milliseconds and the engine can read the launcher's hand-off cheaply.
 """
 
+from .engine import EngineConfig, Setting, resolve_engine_config
 from .errors import ConfigError, check_choice, did_you_mean, invalid_value_error, unknown_key_error
 from .files import (
     CONFIG_FILE_ENV,
@@ -24,7 +26,9 @@ __all__ = [
     "LAUNCH_CONFIG_ENV",
     "MIXED_PRECISIONS",
     "RDZV_BACKENDS",
+    "Setting",
     "ConfigError",
+    "EngineConfig",
     "FSDPOptions",
     "LaunchConfig",
     "accelerate_default_config_path",
@@ -36,6 +40,7 @@ __all__ = [
     "load_launch_config_from_env",
     "read_launch_handoff",
     "read_mapping_file",
+    "resolve_engine_config",
     "unknown_key_error",
     "write_config_file",
     "write_launch_handoff",

@@ -1,7 +1,8 @@
 """The launcher-to-worker hand-off: one JSON file holding the resolved config, named by one env variable.
 
 ``trainkit launch`` calls :func:`write_launch_handoff` and sets ``TRAINKIT_LAUNCH_CONFIG`` for its workers;
-the engine calls :func:`load_launch_config_from_env` (cached per process and per file).
+in a worker, the engine configuration's resolver (:mod:`trainkit.config.engine`) is the one reader: it calls
+:func:`load_launch_config_from_env` (cached per process and per file). The engine never reads it otherwise.
 """
 
 from __future__ import annotations

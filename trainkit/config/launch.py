@@ -11,6 +11,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .deepspeed import DeepSpeedPlugin, plugin_from_yaml_block
+from .dynamo import TorchDynamoPlugin
 from .errors import ConfigError, check_choice, unknown_key_error
 from .fsdp import ALIASES as FSDP_ALIASES
 from .fsdp import FSDPOptions
@@ -29,8 +31,8 @@ DEFAULT_SOURCE = "default"
 # Keys of Accelerate's config files that trainkit reads but does not act on. A key whose value asks for
 # nothing (empty, false, null) is absorbed silently; any other value is listed once in ``unused_keys``.
 UNUSED_ACCELERATE_KEYS = frozenset({
-    "deepspeed_config", "megatron_lm_config", "tp_config", "fp8_config", "ipex_config", "mpirun_config",
-    "dynamo_config", "dynamo_backend", "parallelism_config", "enable_cpu_affinity", "tpu_name", "tpu_zone",
+    "megatron_lm_config", "tp_config", "fp8_config", "ipex_config", "mpirun_config",
+    "parallelism_config", "enable_cpu_affinity", "tpu_name", "tpu_zone",
     "tpu_use_cluster", "tpu_use_sudo", "tpu_vm", "tpu_env", "command_file", "commands", "fp16",
 })
 # trainkit's own keys: written by ``to_dict()`` only when they differ from their defaults, so that a file
@@ -66,7 +68,7 @@ class LaunchConfig:
     rdzv_backend: str = "static"
     """static | c10d: torchrun's rendezvous backend for several machines."""
     same_network: bool = True
-    """Accelerate's key; accepted, informational."""
+    """Accelerate's key; accepted (false has no effect and is listed in ``unused_keys``)."""
     gpu_ids: str | None = "all"
     """"all" or a comma-separated list of GPU indices made visible to the workers."""
     debug: bool = False
@@ -76,9 +78,9 @@ class LaunchConfig:
     fsdp_config: FSDPOptions | None = None
     """FSDP options; present exactly when distributed_type is FSDP."""
     main_training_function: str = "main"
-    """Accelerate's key (used by notebook launchers); accepted, informational."""
+    """Accelerate's key (used by notebook launchers); accepted (another name is listed in ``unused_keys``)."""
     downcast_bf16: bool = False
-    """Accelerate's TPU key; accepted (written as 'no'/'yes' like Accelerate)."""
+    """Accelerate's TPU key; accepted (written as 'no'/'yes' like Accelerate; 'yes' is listed in ``unused_keys``)."""
     collective_timeout: float = 600.0
     """Seconds before a collective that never completes fails the job (gloo's own default is 30 min)."""
     max_restarts: int = 0
@@ -87,6 +89,12 @@ class LaunchConfig:
     """Seconds between torchrun's checks of worker health."""
     num_cpu_threads_per_process: int | None = None
     """OMP_NUM_THREADS per worker; None = cores / processes on this machine (decided by the launcher)."""
+    deepspeed_config: dict[str, Any] | None = None
+    """Accelerate's ``deepspeed_config`` block (zero_stage, offload_*, deepspeed_config_file, ...); present
+    exactly when distributed_type is DEEPSPEED, and run on FSDP2/DDP (``trainkit.config.deepspeed``)."""
+    dynamo_config: dict[str, Any] | None = None
+    """torch.compile settings (``dynamo_backend``, ``dynamo_mode``, ``dynamo_use_fullgraph``,
+    ``dynamo_use_dynamic``, ``dynamo_use_regional_compilation``); None compiles nothing."""
     unused_keys: list[str] = dataclasses.field(default_factory=list)
     """Keys accepted but not acted on (Accelerate's deepspeed_config, tpu_*, ...), reported once."""
     provenance: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -153,6 +161,12 @@ class LaunchConfig:
                 if "fsdp_config" not in self.unused_keys:
                     self.unused_keys.append("fsdp_config")
             self.fsdp_config = None
+        # Accelerate's informational keys: their default values are what trainkit does anyway; any other
+        # value asks for something trainkit does not do (a TPU cast, a notebook entry point), so it is listed.
+        for name, does_nothing in (("downcast_bf16", self.downcast_bf16), ("same_network", not self.same_network),
+                                   ("main_training_function", self.main_training_function != "main")):
+            if does_nothing and name not in self.unused_keys:
+                self.unused_keys.append(name)
         for name in self.field_names():
             self.provenance.setdefault(name, DEFAULT_SOURCE)
         if self.fsdp_config is not None:
@@ -196,7 +210,34 @@ class LaunchConfig:
                                          where=_where(self.provenance, "rdzv_backend"))
         self.gpu_ids = parse_gpu_ids(self.gpu_ids)
         self.main_training_function = str(self.main_training_function or "main")
+        self._finish_deepspeed()
+        self.unused_keys.sort()  # one stable order for the notice, whichever section found them
+        if self.dynamo_config is not None:
+            if not isinstance(self.dynamo_config, Mapping):
+                raise ConfigError(f"'dynamo_config' in {_where(self.provenance, 'dynamo_config')} must be a mapping, "
+                                  f"got {self.dynamo_config!r}.")
+            plugin = TorchDynamoPlugin.from_config(self.dynamo_config, where=_where(self.provenance, "dynamo_config"))
+            self.dynamo_config = plugin.to_config() if plugin.enabled else None
         self._validate_machines()
+
+    def _finish_deepspeed(self) -> None:
+        block = self.deepspeed_config
+        if block is not None and not isinstance(block, Mapping):
+            raise ConfigError(f"'deepspeed_config' in {_where(self.provenance, 'deepspeed_config')} must be a mapping.")
+        if self.distributed_type != "DEEPSPEED":
+            if block and _asks_for_something(block) and "deepspeed_config" not in self.unused_keys:
+                self.unused_keys.append("deepspeed_config")
+            self.deepspeed_config = None
+            return
+        self.deepspeed_config = dict(block or {})
+        self.deepspeed_plugin()  # validates the block (and the JSON file it names) now, in the launcher
+
+    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
+        """The ``deepspeed_config`` block as Accelerate's ``DeepSpeedPlugin`` (None unless DEEPSPEED)."""
+        if self.distributed_type != "DEEPSPEED" or self.deepspeed_config is None:
+            return None
+        return plugin_from_yaml_block(self.deepspeed_config, where=f"deepspeed_config "
+                                      f"({_where(self.provenance, 'deepspeed_config')})")
 
     def _validate_machines(self) -> None:
         if self.num_processes % self.num_machines:
@@ -269,6 +310,13 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
                 fsdp_merged[name] = (raw_key, option)  # keep the user's spelling for error messages
                 provenance[f"fsdp_config.fsdp_{name}"] = source
             provenance["fsdp_config"] = source
+        elif key == "deepspeed_config" and isinstance(value, Mapping):
+            merged["deepspeed_config"] = {**(merged.get("deepspeed_config") or {}), **value}  # key by key
+            provenance["deepspeed_config"] = source
+        elif key == "dynamo_backend" or (key == "dynamo_config" and isinstance(value, Mapping)):
+            block = {"dynamo_backend": value} if key == "dynamo_backend" else value
+            merged["dynamo_config"] = {**(merged.get("dynamo_config") or {}), **block}  # merge key by key
+            provenance["dynamo_config"] = source
         elif key in known:
             if key == "num_processes" and value in (None, -1):
                 continue  # Accelerate's "not specified"

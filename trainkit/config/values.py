@@ -9,10 +9,10 @@ from typing import Any
 
 from .errors import ConfigError, check_choice, invalid_value_error
 
-DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP")
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "FSDP", "DEEPSPEED")
 # Accelerate's other distributed types: recognised so the error says "not supported" instead of "typo".
 UNSUPPORTED_DISTRIBUTED_TYPES = (
-    "DEEPSPEED", "MEGATRON_LM", "XLA", "TPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_SDAA",
+    "MEGATRON_LM", "XLA", "TPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_SDAA",
     "MULTI_MUSA", "MULTI_HPU",
 )
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
@@ -26,17 +26,27 @@ def parse_distributed_type(value: Any, where: str) -> str:
     if text in UNSUPPORTED_DISTRIBUTED_TYPES:
         raise ConfigError(
             f"distributed_type {value!r} ({where}) is an Accelerate setting that trainkit does not support. "
-            f"Supported: {', '.join(DISTRIBUTED_TYPES)} (FSDP covers ZeRO-3-style sharding).")
+            f"Supported: {', '.join(DISTRIBUTED_TYPES)} (DEEPSPEED configs run on FSDP2).")
     return check_choice("distributed_type", text, DISTRIBUTED_TYPES, where=where)
 
 
-def parse_mixed_precision(value: Any, where: str) -> str:
-    """no | fp16 | bf16 (null/false mean no); fp8 gets a "not supported" error."""
+# torch's dtype names for the same three modes (FSDP's mixed_precision_policy strings use them).
+MIXED_PRECISION_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp32": "no", "float32": "no"}
+
+
+def parse_mixed_precision(value: Any, where: str, key: str = "mixed_precision") -> str:
+    """no | fp16 | bf16 (null/false mean no; torch's dtype names are accepted); fp8 gets a "not supported" error.
+
+    The one vocabulary of mixed precision: the launcher, ``Accelerator(mixed_precision=)``, the engine's
+    precision and the FSDP plugin's ``mixed_precision_policy`` strings all pass through here.
+    """
     if value is None or value is False:
         return "no"
-    if str(value).strip().lower() == "fp8":
-        raise ConfigError(f"mixed_precision 'fp8' ({where}) is not supported by trainkit; use bf16 or fp16.")
-    return check_choice("mixed_precision", str(value).strip(), MIXED_PRECISIONS, where=where)
+    text = str(value).strip()
+    if text.lower() == "fp8":
+        raise ConfigError(f"{key} 'fp8' ({where}) is not supported by trainkit; use bf16 or fp16.")
+    text = MIXED_PRECISION_ALIASES.get(text.lower(), text)
+    return check_choice(key, text, MIXED_PRECISIONS, where=where)
 
 
 def parse_gpu_ids(value: Any) -> str | None:

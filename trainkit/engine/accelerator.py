@@ -1,9 +1,10 @@
 """The ``Accelerator`` facade: Accelerate's public API over trainkit's engine.
 
-It resolves its configuration (explicit arguments, then the launcher's config, then defaults), then
-delegates: process identity to :mod:`state`, wrapping to a :mod:`strategies` object, mixed precision
-to :mod:`precision`, data to :mod:`data`, communication to :mod:`collectives`, logging to
-:mod:`tracking` and checkpoints to :mod:`checkpointing`. It holds no strategy branching of its own.
+Its configuration is resolved once (:mod:`trainkit.config.engine`: explicit arguments, then the
+launcher's config, then defaults) and each piece receives its part; then it delegates: process identity
+to :mod:`state`, wrapping to a :mod:`strategies` object, mixed precision to :mod:`precision`, data to
+:mod:`data`, communication to :mod:`collectives`, logging to :mod:`tracking` and checkpoints to
+:mod:`checkpointing`. It holds no strategy branching of its own.
 """
 
 from __future__ import annotations
@@ -12,15 +13,29 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from trainkit.config.deepspeed import DeepSpeedPlugin
+from trainkit.config.dynamo import TorchDynamoPlugin
+from trainkit.config.engine import EngineConfig
+from trainkit.config.errors import ConfigError
 from trainkit.engine import collectives
 from trainkit.engine.accumulation import GradientState
 from trainkit.engine.compat_options import announce_dataloader_options, resolve_compat_options
+from trainkit.engine.compile import compile_model
+from trainkit.engine.configuration import announce, resolve_for_accelerator
+from trainkit.engine.deepspeed import (
+    DummyOptim,
+    DummyScheduler,
+    ShardedStateOptimizer,
+    deepspeed_optimizer,
+    deepspeed_scheduler,
+)
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.precision import Precision
 from trainkit.engine.process_control import only_when, split_inputs
@@ -38,23 +53,17 @@ from trainkit.utils.dataclasses import (
     InitProcessGroupKwargs,
     KwargsHandler,
     ProjectConfiguration,
-    TorchDynamoPlugin,
 )
 
 logger = logging.getLogger(__name__)
 
 
-def _launch_config() -> Any:
-    from trainkit.config import load_launch_config_from_env
-
-    return load_launch_config_from_env()
-
-
 class Accelerator:
     """Train one model-and-loop on one CPU, one GPU, many processes (DDP) or sharded (FSDP2).
 
-    Arguments follow Hugging Face Accelerate's; an argument left at None takes the value the
-    launcher (``trainkit launch``) passed, else the default.
+    Arguments follow Hugging Face Accelerate's; an argument left at None is "not set" and takes the value
+    the launcher (``trainkit launch``) was given, else the default (docs/engine.md, "Where the configuration
+    comes from"). The resolved settings and their sources are in :attr:`config`.
 
     Args:
         mixed_precision: "no", "bf16" or "fp16" (fp16 scales the loss with a GradScaler, on CPU too).
@@ -70,9 +79,13 @@ class Accelerator:
             :class:`InitProcessGroupKwargs`, :class:`AutocastKwargs`, :class:`ProfileKwargs`.
         device_placement: move prepared models and batches to the device.
         gradient_accumulation_plugin: accumulation options (instead of ``gradient_accumulation_steps``).
-        deepspeed_plugin, megatron_lm_plugin: not driven by trainkit (an error says so).
-        dynamo_backend, dynamo_plugin: torch.compile through the Accelerator is issue #12 (an error says so).
+        dynamo_backend: compile prepared models with this torch.compile backend ("inductor", ...).
+        dynamo_plugin: all torch.compile settings (:class:`TorchDynamoPlugin`), regional compilation included.
+        deepspeed_plugin: a DeepSpeed config (:class:`DeepSpeedPlugin`), run on DDP/FSDP2 (docs/deepspeed.md).
+        megatron_lm_plugin: not driven by trainkit (an error says so).
         rng_types: accepted with a notice (the data order comes from a seeded sampler).
+        engine_config: an already resolved :class:`trainkit.config.engine.EngineConfig` (the Trainer passes
+            one); when given, the arguments above that it covers are not consulted.
     """
 
     def __init__(
@@ -90,34 +103,42 @@ class Accelerator:
         device_placement: bool = True,
         split_batches: bool | None = None,
         even_batches: bool | None = None,
-        deepspeed_plugin: Any = None,
+        dynamo_backend: str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
         megatron_lm_plugin: Any = None,
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
-        dynamo_backend: Any = None,
-        dynamo_plugin: TorchDynamoPlugin | None = None,
         rng_types: Sequence[Any] | None = None,
+        *,
+        engine_config: EngineConfig | None = None,
     ) -> None:
-        launch = _launch_config()
         self._compat = resolve_compat_options(
             kwargs_handlers=kwargs_handlers, gradient_accumulation_steps=gradient_accumulation_steps,
-            gradient_accumulation_plugin=gradient_accumulation_plugin, deepspeed_plugin=deepspeed_plugin,
-            megatron_lm_plugin=megatron_lm_plugin, dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, megatron_lm_plugin=megatron_lm_plugin,
             rng_types=rng_types)
         handlers = self._compat.handlers
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
-        use_cpu = cpu if cpu is not None else bool(launch and launch.use_cpu)
-        self.state = ProcessState.get(cpu=use_cpu, backend=pg_kwargs.backend, timeout=pg_kwargs.timeout)
+        config = engine_config if engine_config is not None else resolve_for_accelerator(
+            mixed_precision=mixed_precision, cpu=cpu, fsdp_plugin=fsdp_plugin, timeout=pg_kwargs.timeout,
+            gradient_accumulation_steps=gradient_accumulation_steps or self._compat.accumulation_steps,
+            dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin)
+        self.config = config
+        """The resolved settings and where each came from (see :class:`trainkit.config.engine.EngineConfig`)."""
+        self.state = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
+                                      timeout=timedelta(seconds=config.collective_timeout))
         self.state.attach_accelerator(self)
         self.device_placement = device_placement
+        announce(config, is_main_process=self.state.is_main_process, device=self.state.device)
 
-        precision = mixed_precision or (launch.mixed_precision if launch else None) or "no"
         scaler_kwargs = handlers[GradScalerKwargs].to_kwargs() if GradScalerKwargs in handlers else None
-        self.precision = Precision(precision, self.state.device, scaler_kwargs)
-
-        steps = gradient_accumulation_steps or self._compat.accumulation_steps or (launch.gradient_accumulation_steps if launch else None) or 1
-        if int(steps) < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {steps}.")
-        self.gradient_state = GradientState(int(steps))
+        self.deepspeed = config.deepspeed
+        """The translated DeepSpeed config, when the run has one (its ZeRO stage runs on DDP/FSDP2)."""
+        self.deepspeed_plugin = deepspeed_plugin
+        self.state.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
+        if self.deepspeed is not None and self.deepspeed.scaler_kwargs and scaler_kwargs is None:
+            scaler_kwargs = self.deepspeed.scaler_kwargs
+        self.precision = Precision(config.mixed_precision, self.state.device, scaler_kwargs)
+        self.gradient_state = GradientState(config.gradient_accumulation_steps)
 
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not None:
@@ -134,7 +155,9 @@ class Accelerator:
         self.trackers: list[GeneralTracker] = []
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
-        self.strategy = self._choose_strategy(fsdp_plugin, launch, ddp_kwargs)
+        self.strategy = self._choose_strategy(fsdp_plugin, config, ddp_kwargs)
+        self.dynamo_plugin = config.dynamo or TorchDynamoPlugin()
+        """torch.compile settings for prepared models (backend "no": nothing is compiled)."""
         self._models: list[nn.Module] = []
         self._optimizers: list[PreparedOptimizer] = []
         self._schedulers: list[PreparedScheduler] = []
@@ -145,15 +168,11 @@ class Accelerator:
         self.step = 0
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
 
-    def _choose_strategy(self, fsdp_plugin: Any, launch: Any, ddp_kwargs: dict[str, Any]) -> Strategy:
-        if fsdp_plugin is None and launch is not None and launch.distributed_type == "FSDP":
-            from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
-
-            fsdp_plugin = FullyShardedDataParallelPlugin.from_options(launch.fsdp_config)
-        if fsdp_plugin is not None:
+    def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
+        if config.fsdp is not None:
             from trainkit.engine.strategies.fsdp import FSDPStrategy
 
-            return FSDPStrategy(self.state, fsdp_plugin, self.precision)
+            return FSDPStrategy(self.state, fsdp_plugin, self.precision, options=config.fsdp)
         if self.state.world_size > 1:
             return DDPStrategy(self.state, ddp_kwargs, comm_hook=self._compat.ddp_comm_hook())
         return SingleDeviceStrategy(self.state)
@@ -201,8 +220,8 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        """NO, MULTI_CPU, MULTI_GPU or FSDP."""
-        return self.strategy.distributed_type
+        """NO, MULTI_CPU, MULTI_GPU, FSDP, or DEEPSPEED when a DeepSpeed config asked (run on DDP/FSDP2)."""
+        return DistributedType.DEEPSPEED if self.deepspeed is not None else self.strategy.distributed_type
 
     @property
     def mixed_precision(self) -> str:
@@ -312,7 +331,7 @@ class Accelerator:
         prepared: list[Any] = list(args)
         kinds = [
             (nn.Module, lambda obj, place: self.prepare_model(obj, device_placement=place)),
-            (torch.optim.Optimizer, lambda obj, place: self.prepare_optimizer(obj)),
+            ((torch.optim.Optimizer, DummyOptim), lambda obj, place: self.prepare_optimizer(obj)),
             (DataLoader, lambda obj, place: self.prepare_data_loader(obj, device_placement=place)),
         ]
         # Models first: the optimizer may need re-binding to sharded parameters, schedulers need optimizers.
@@ -321,7 +340,7 @@ class Accelerator:
                 if isinstance(obj, kind) and not isinstance(obj, (PreparedOptimizer, PreparedDataLoader)):
                     prepared[i] = prepare_one(obj, placement[i])
         for i, obj in enumerate(args):
-            if _is_scheduler(obj):
+            if _is_scheduler(obj) or isinstance(obj, DummyScheduler):
                 prepared[i] = self.prepare_scheduler(obj)
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
@@ -330,22 +349,36 @@ class Accelerator:
         if self.precision.enabled and self.strategy.wants_autocast and not hasattr(model, "_trainkit_original_forward"):
             model._trainkit_original_forward = model.forward
             model.forward = self.precision.wrap_forward(model.forward)
+        if not evaluation_mode:
+            compile_model(model, self.dynamo_plugin)  # in place, before sharding or wrapping
         wrapped = model.to(self.device) if evaluation_mode else self.strategy.wrap_model(model)
         self._models.append(wrapped)
         return wrapped
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> PreparedOptimizer:
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer | DummyOptim) -> PreparedOptimizer:
         """Wrap an optimizer (re-bound to sharded parameters where the strategy replaced them)."""
+        placeholder = optimizer
+        optimizer = deepspeed_optimizer(self.deepspeed, optimizer)
         for model in self._models:
             self.strategy.rebind_optimizer(optimizer, model)
+        if self.deepspeed is not None and self.deepspeed.shard_optimizer_state and self.num_processes > 1:
+            optimizer = ShardedStateOptimizer(optimizer)  # ZeRO-1
         prepared = PreparedOptimizer(optimizer, self.precision, self.gradient_state)
+        prepared.placeholder = placeholder
+        if self.deepspeed is not None and self.deepspeed.gradient_clipping:
+            max_norm = self.deepspeed.gradient_clipping
+            prepared.before_step = lambda: self.clip_grad_norm_(_parameters_of(optimizer), max_norm)
         self._optimizers.append(prepared)
         return prepared
 
     def prepare_scheduler(self, scheduler: Any) -> PreparedScheduler:
         """Wrap a learning-rate scheduler so it steps with the optimizer steps that happened."""
-        optimizers = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer] or self._optimizers
-        steps = 1 if self.split_batches else self.num_processes
+        built = isinstance(scheduler, DummyScheduler)
+        if built:  # DeepSpeed's schedules count optimizer steps: once per step on every process count
+            scheduler = deepspeed_scheduler(self.deepspeed, scheduler, self._optimizers)
+        optimizers = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer
+                      or getattr(opt, "placeholder", None) is scheduler.optimizer] or self._optimizers
+        steps = 1 if self.split_batches or built else self.num_processes
         prepared = PreparedScheduler(scheduler, optimizers, self.gradient_state, steps_per_call=steps,
                                      step_with_optimizer=self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)
@@ -354,6 +387,10 @@ class Accelerator:
     def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
         """Shard a dataloader across processes (see :mod:`trainkit.engine.data`)."""
         place = self.device_placement if device_placement is None else device_placement
+        micro = self.deepspeed.micro_batch_size if self.deepspeed is not None else None
+        if micro is not None and dataloader.batch_size not in (None, micro):
+            raise ConfigError(f"The DeepSpeed config's train_micro_batch_size_per_gpu is {micro} but this dataloader's "
+                              f"batch size is {dataloader.batch_size}; make them agree (or write \"auto\").")
         prepared = prepare_data_loader(
             dataloader,
             num_processes=self.num_processes,
@@ -581,6 +618,10 @@ class Accelerator:
         return (f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
                 f"device={self.device}, mixed_precision={self.mixed_precision!r}, "
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps})")
+
+
+def _parameters_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [param for group in optimizer.param_groups for param in group["params"]]
 
 
 def _is_scheduler(obj: Any) -> bool:

@@ -16,20 +16,17 @@ from trainkit.utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
-    DynamoBackend,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
     ProfileKwargs,
     ProjectConfiguration,
-    TorchDynamoPlugin,
 )
 
 logger = logging.getLogger(__name__)
 
 _HANDLER_TYPES = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs, ProfileKwargs)
-COMPILE_ISSUE = "issue #12 (torch.compile through the Accelerator)"
 
 
 @dataclass
@@ -77,20 +74,13 @@ def resolve_compat_options(
     kwargs_handlers: Sequence[KwargsHandler] | None,
     gradient_accumulation_steps: int | None,
     gradient_accumulation_plugin: GradientAccumulationPlugin | None,
-    deepspeed_plugin: Any,
     megatron_lm_plugin: Any,
-    dynamo_backend: Any,
-    dynamo_plugin: TorchDynamoPlugin | None,
     rng_types: Sequence[Any] | None,
 ) -> CompatOptions:
     """Validate the options and return what the Accelerator needs from them."""
     options = CompatOptions(handlers=collect_handlers(kwargs_handlers))
-    if deepspeed_plugin is not None:
-        raise NotImplementedError("Accelerator(deepspeed_plugin=...): trainkit does not drive DeepSpeed. "
-                                  "Use fsdp_plugin=FullyShardedDataParallelPlugin(...) (FULL_SHARD is ZeRO-3).")
     if megatron_lm_plugin is not None:
         raise NotImplementedError("Accelerator(megatron_lm_plugin=...): trainkit does not drive Megatron-LM; use FSDP2.")
-    _check_dynamo(dynamo_backend, dynamo_plugin)
     if gradient_accumulation_plugin is not None:
         if gradient_accumulation_steps not in (None, 1):
             raise ValueError("Pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
@@ -104,16 +94,6 @@ def resolve_compat_options(
         logger.warning("Accelerator(rng_types=%s): no effect in trainkit; shuffling order comes from a seeded "
                        "sampler (DataLoaderConfiguration.data_seed), identical on every process.", list(rng_types))
     return options
-
-
-def _check_dynamo(dynamo_backend: Any, dynamo_plugin: TorchDynamoPlugin | None) -> None:
-    backend = dynamo_plugin.backend if dynamo_plugin is not None else dynamo_backend
-    if dynamo_plugin is not None and dynamo_plugin.disable:
-        return
-    if backend is not None and DynamoBackend(str(backend).upper()) is not DynamoBackend.NO:
-        raise NotImplementedError(
-            f"Accelerator(dynamo_backend/dynamo_plugin={backend}): torch.compile through the Accelerator is not "
-            f"built yet ({COMPILE_ISSUE}). Compile the model yourself: model = torch.compile(model) before prepare().")
 
 
 def announce_dataloader_options(config: DataLoaderConfiguration, project: ProjectConfiguration) -> None:

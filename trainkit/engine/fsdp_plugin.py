@@ -20,11 +20,11 @@ import torch
 
 from trainkit.config.errors import ConfigError
 from trainkit.config.fsdp import FSDPOptions
+from trainkit.config.values import parse_mixed_precision
 
 logger = logging.getLogger(__name__)
 
-_PRECISION_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                    "float16": torch.float16, "no": None, "fp32": None, "float32": None}
+_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # names: trainkit.config.values
 
 
 def _enum_name(value: Any) -> Any:
@@ -36,8 +36,9 @@ def _enum_name(value: Any) -> Any:
 class FullyShardedDataParallelPlugin:
     """FSDP options with Hugging Face Accelerate's field names, run on FSDP2 (``fully_shard``).
 
-    Pass it as ``Accelerator(fsdp_plugin=...)``; a launcher config with ``distributed_type: FSDP``
-    builds one through :meth:`from_options`. Every field left at None takes trainkit's default.
+    Pass it as ``Accelerator(fsdp_plugin=...)``. Every field left at None is "not set": the launcher's
+    FSDP option of that name applies, else trainkit's default (docs/engine.md, "Where the configuration
+    comes from").
     """
 
     sharding_strategy: Any = None
@@ -60,11 +61,13 @@ class FullyShardedDataParallelPlugin:
     """torch's ``FullStateDictConfig(offload_to_cpu=, rank0_only=)`` (or ``ShardedStateDictConfig``):
     where ``get_state_dict`` puts full tensors. Default: on CPU, on rank 0 only."""
     optim_state_dict_config: Any = None
-    """torch's ``FullOptimStateDictConfig`` / ``ShardedOptimStateDictConfig``: the same for optimizer state."""
+    """torch's ``FullOptimStateDictConfig(offload_to_cpu=, rank0_only=)``: where the strategy's full optimizer
+    state dict (``optimizer_state_dict(full=True)``) puts its tensors. Default (torch's): every rank, on device."""
     limit_all_gathers: bool = True
-    """Accepted for compatibility; FSDP2 bounds in-flight all-gathers itself."""
+    """Accepted for compatibility; FSDP2 bounds in-flight all-gathers itself (False gets a one-line notice)."""
     use_orig_params: bool | None = None
-    """Accepted for compatibility; FSDP2 always exposes the original parameters (as DTensors)."""
+    """Accepted for compatibility; FSDP2 always exposes the original parameters (False gets a one-line notice
+    when the Accelerator starts)."""
     sync_module_states: bool | None = None
     """Broadcast rank 0's parameters and buffers before sharding (default true)."""
     forward_prefetch: bool | None = None
@@ -84,7 +87,10 @@ class FullyShardedDataParallelPlugin:
     hybrid_shard_group_size: int | None = None
     """HYBRID_SHARD*: processes per sharding group (default: the processes of one machine)."""
     options: FSDPOptions = dataclasses.field(init=False, repr=False)
-    """The validated options every other field resolved to."""
+    """The validated options every other field resolved to (the plugin's own values over trainkit's defaults)."""
+    explicit_options: dict[str, Any] = dataclasses.field(init=False, repr=False)
+    """The options this plugin was given (normalised), keyed by FSDPOptions field: the explicit layer of the
+    engine's configuration, so that launcher values fill only the options the plugin leaves unset."""
 
     def __post_init__(self) -> None:
         where = "FullyShardedDataParallelPlugin(...)"
@@ -130,8 +136,12 @@ class FullyShardedDataParallelPlugin:
             setattr(options, name, value)
         options.validate(where)
         self.options = options
+        self.explicit_options = {name: getattr(options, name) for name in values}
         self._write_back_normalised()
         self.param_dtype(None)  # validates mixed_precision_policy now, not at prepare
+        if self.limit_all_gathers is False:  # use_orig_params=False is announced with the resolved config
+            logger.warning("trainkit: FullyShardedDataParallelPlugin(limit_all_gathers=False) has no effect: "
+                           "FSDP2 bounds in-flight all-gathers itself.")
         if self.fsdp_version not in (None, 2, "2"):
             logger.warning("fsdp_version=%s requested: trainkit runs FSDP2 (fully_shard) only.", self.fsdp_version)
         if self.options.cpu_ram_efficient_loading:
@@ -156,7 +166,10 @@ class FullyShardedDataParallelPlugin:
 
     @classmethod
     def from_options(cls, options: FSDPOptions) -> FullyShardedDataParallelPlugin:
-        """A plugin for options that arrived from the launcher's config (or ``TrainingArguments``)."""
+        """A plugin whose every option is given by ``options`` (for scripts that hold :class:`FSDPOptions`).
+
+        The engine itself never round-trips through a plugin: launcher and ``TrainingArguments`` options go
+        from the configuration resolver straight to the FSDP strategy."""
         return cls(
             sharding_strategy=options.sharding_strategy, backward_prefetch=options.backward_prefetch,
             auto_wrap_policy=options.auto_wrap_policy, cpu_offload=options.offload_params,
@@ -182,9 +195,9 @@ class FullyShardedDataParallelPlugin:
         if policy is None:
             return default
         if isinstance(policy, str):
-            if policy.lower() not in _PRECISION_NAMES:
-                raise ConfigError(f"Invalid mixed_precision_policy {policy!r}: use one of {sorted(_PRECISION_NAMES)}.")
-            return _PRECISION_NAMES[policy.lower()]
+            mode = parse_mixed_precision(policy, "FullyShardedDataParallelPlugin(mixed_precision_policy=...)",
+                                         key="mixed_precision_policy")
+            return _PRECISION_DTYPES.get(mode)
         if isinstance(policy, dict):
             return policy.get("param_dtype")
         return getattr(policy, "param_dtype", None)
@@ -212,13 +225,13 @@ class FullyShardedDataParallelPlugin:
 
     @property
     def optim_state_dict_rank0_only(self) -> bool:
-        """Whether full optimizer state dicts exist on rank 0 only."""
-        return bool(getattr(self.optim_state_dict_config, "rank0_only", True))
+        """Whether full optimizer state dicts exist on rank 0 only (default, as torch's config: no)."""
+        return bool(getattr(self.optim_state_dict_config, "rank0_only", False))
 
     @property
     def optim_state_dict_offload_to_cpu(self) -> bool:
-        """Whether full optimizer state dicts are moved to CPU."""
-        return bool(getattr(self.optim_state_dict_config, "offload_to_cpu", True))
+        """Whether full optimizer state dicts are moved to CPU (default, as torch's config: no)."""
+        return bool(getattr(self.optim_state_dict_config, "offload_to_cpu", False))
 
     def __repr__(self) -> str:
         return f"FullyShardedDataParallelPlugin({self.options!r})"

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from trainkit.config.errors import check_choice
+from trainkit.config.values import MIXED_PRECISIONS, parse_mixed_precision
 
-PRECISIONS = ("no", "fp16", "bf16")
+PRECISIONS = MIXED_PRECISIONS  # one vocabulary: trainkit.config.values
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -25,7 +25,7 @@ class Precision:
     """Autocast and loss scaling for one of ``"no"``, ``"bf16"``, ``"fp16"`` on ``device``."""
 
     def __init__(self, mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None) -> None:
-        self.mode = check_choice("mixed_precision", mode, PRECISIONS, where="Accelerator(mixed_precision=...)")
+        self.mode = parse_mixed_precision(mode, where="Accelerator(mixed_precision=...)")
         self.device = device
         self.dtype: torch.dtype | None = _DTYPES.get(self.mode)
         self.scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {})) if self.mode == "fp16" else None
@@ -43,7 +43,7 @@ class Precision:
         return torch.autocast(device_type=self.device.type, dtype=self.dtype, cache_enabled=cache_enabled)
 
     def wrap_forward(self, forward: Callable) -> Callable:
-        """Run ``forward`` under autocast and hand its floating outputs back in float32."""
+        """Run ``forward`` under autocast and hand the loss back in float32 (see :func:`loss_in_float32`)."""
         if not self.enabled:
             return forward
 
@@ -51,7 +51,7 @@ class Precision:
         def autocast_forward(*args: Any, **kwargs: Any) -> Any:
             with torch.autocast(device_type=self.device.type, dtype=self.dtype):
                 outputs = forward(*args, **kwargs)
-            return to_float32(outputs)
+            return loss_in_float32(outputs)
 
         autocast_forward.__wrapped_by_trainkit__ = forward  # type: ignore[attr-defined]
         return autocast_forward
@@ -89,6 +89,21 @@ class Precision:
         """Restore the loss scaler's state."""
         if self.scaler is not None and state:
             self.scaler.load_state_dict(state)
+
+
+def loss_in_float32(outputs: Any) -> Any:
+    """Accelerate's guarantee, without its cost: whatever the loss is computed from comes back in float32.
+
+    A model that computes its own loss (a mapping with a ``"loss"`` entry, like transformers' outputs)
+    gets only that entry converted: the other entries (GPT-2's logits: 0.77 GiB and 1.3 ms per step on
+    an H100 at batch 8 x 1024 tokens) stay in the autocast dtype, as in a hand-written autocast loop,
+    and ``.float()`` is one call away for whoever reads them. Any other output (a tensor, a tuple, a
+    mapping without a loss) is what the caller computes the loss from, so all of it is converted.
+    """
+    if isinstance(outputs, dict) and isinstance(outputs.get("loss"), torch.Tensor):
+        outputs["loss"] = to_float32(outputs["loss"])  # ModelOutput keeps attribute and item in step
+        return outputs
+    return to_float32(outputs)
 
 
 def to_float32(data: Any) -> Any:

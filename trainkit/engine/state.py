@@ -19,11 +19,9 @@ import torch.distributed as dist
 
 from trainkit.engine.allocator import tune_allocator
 from trainkit.engine.state_api import AccelerateStateAPI
+from trainkit.engine.devices import choose_device
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_COLLECTIVE_TIMEOUT_S = 600.0
-"""Far below gloo's and NCCL's 30-minute default: a rank that skipped a collective is reported in minutes."""
 
 
 @dataclass(frozen=True)
@@ -104,9 +102,17 @@ class ProcessState(AccelerateStateAPI):
     """
 
     _instance: ProcessState | None = None
+    deepspeed_plugin: object | None = None
+    """The DeepSpeed config of the last Accelerator made in this process (Accelerate scripts read it here)."""
 
-    def __init__(self, *, cpu: bool = False, backend: str | None = None, timeout: timedelta | None = None) -> None:
+    def __init__(self, *, cpu: bool | None = None, backend: str | None = None, timeout: timedelta | None = None) -> None:
         tune_allocator()  # process-wide, before the run allocates its first tensors
+        if cpu is None or timeout is None:  # not given: the engine's resolved configuration decides
+            from trainkit.config.engine import resolve_engine_config
+
+            resolved = resolve_engine_config()
+            cpu = resolved.use_cpu if cpu is None else cpu
+            timeout = timedelta(seconds=resolved.collective_timeout) if timeout is None else timeout
         self.launch = read_launch_environment()
         self.rank = self.launch.rank
         self.world_size = self.launch.world_size
@@ -114,14 +120,14 @@ class ProcessState(AccelerateStateAPI):
         self.local_world_size = self.launch.local_world_size
         self.device = self._choose_device(cpu)
         self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
-        self.timeout = timeout or timedelta(seconds=_configured_timeout())
+        self.timeout = timeout
         self._owns_process_group = False
         if self.world_size > 1:
             self.ensure_process_group()
 
     @classmethod
-    def get(cls, *, cpu: bool = False, backend: str | None = None, timeout: timedelta | None = None) -> ProcessState:
-        """Return the process's state, creating it on first use."""
+    def get(cls, *, cpu: bool | None = None, backend: str | None = None, timeout: timedelta | None = None) -> ProcessState:
+        """Return the process's state, creating it on first use (``cpu``/``timeout`` None: as resolved)."""
         if cls._instance is None:
             cls._instance = cls(cpu=cpu, backend=backend, timeout=timeout)
         elif cpu and cls._instance.device.type != "cpu":
@@ -139,11 +145,7 @@ class ProcessState(AccelerateStateAPI):
         cls._instance = None
 
     def _choose_device(self, cpu: bool) -> torch.device:
-        if cpu or not torch.cuda.is_available():
-            return torch.device("cpu")
-        index = self.local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        return torch.device("cuda", index)
+        return choose_device(self.local_rank, self.local_world_size, cpu=cpu)
 
     def ensure_process_group(self) -> None:
         """Initialise the default process group if nobody has (also for a world of one, which FSDP needs)."""
@@ -215,15 +217,4 @@ class ProcessState(AccelerateStateAPI):
 
 def PartialState(cpu: bool = False, **kwargs: object) -> ProcessState:  # noqa: N802 - Accelerate's class name
     """Accelerate's ``PartialState()``: the process's shared state, created on first use."""
-    return ProcessState.get(cpu=cpu)
-
-
-def _configured_timeout() -> float:
-    """The collective timeout from the launcher's config (``collective_timeout``), else the default."""
-    try:
-        from trainkit.config import load_launch_config_from_env
-    except ImportError:  # the config package is optional for the engine's own tests
-        return DEFAULT_COLLECTIVE_TIMEOUT_S
-    config = load_launch_config_from_env()
-    timeout = getattr(config, "collective_timeout", None) if config is not None else None
-    return float(timeout) if timeout else DEFAULT_COLLECTIVE_TIMEOUT_S
+    return ProcessState.get(cpu=cpu or None)  # False is Accelerate's default, not a request: the launcher's --cpu applies

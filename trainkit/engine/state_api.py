@@ -27,12 +27,8 @@ class AccelerateStateAPI:
     world_size: int
     local_rank: int
     device: Any
-    deepspeed_plugin = None
-    """Always None: trainkit does not drive DeepSpeed (scripts test ``state.deepspeed_plugin is None``)."""
     megatron_lm_plugin = None
     """Always None: trainkit does not drive Megatron-LM."""
-    dynamo_plugin = None
-    """None: torch.compile through the Accelerator is issue #12."""
     torch_tp_plugin = None
     """None: trainkit has no tensor parallelism."""
     debug = False
@@ -76,6 +72,12 @@ class AccelerateStateAPI:
         """The FSDP plugin in use, or None."""
         accelerator = self.accelerator
         return getattr(getattr(accelerator, "strategy", None), "plugin", None) if accelerator is not None else None
+
+    @property
+    def dynamo_plugin(self) -> Any:
+        """The torch.compile settings of the newest Accelerator, or None."""
+        accelerator = self.accelerator
+        return getattr(accelerator, "dynamo_plugin", None) if accelerator is not None else None
 
     @property
     def num_processes(self) -> int:

@@ -26,6 +26,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.gradient_state = gradient_state
         self.step_was_skipped = False
         """True when the last step was skipped because fp16 gradients overflowed."""
+        self.before_step: Any = None
+        """Called before each real step (a DeepSpeed config's ``gradient_clipping`` clips there)."""
+        self.placeholder: Any = optimizer
+        """What the script passed to ``prepare`` (a ``DummyOptim`` stands for a config-built optimizer)."""
 
     @property
     def state(self) -> dict:  # type: ignore[override]
@@ -54,6 +58,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if not self.gradient_state.sync_gradients:
             return
         kwargs = {"closure": closure} if closure is not None else {}
+        if self.before_step is not None:
+            self.before_step()
         self.step_was_skipped = not self.precision.optimizer_step(self.optimizer, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
+from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ RENAMED_ARGUMENTS = {
     "logging_dir": "nothing: trackers write under output_dir; remove it",
     "per_gpu_train_batch_size": "per_device_train_batch_size",
     "per_gpu_eval_batch_size": "per_device_eval_batch_size",
+    "group_by_length": "train_sampling_strategy='group_by_length'",
 }
 
 
@@ -61,7 +63,7 @@ def _scheduler_names() -> list[str]:
 
 
 @dataclass
-class TrainingArguments:
+class TrainingArguments(ProcessAttributes):
     """The Trainer's arguments: transformers 5.x field names, defaults and meanings (see docs/trainer.md)."""
 
     # --- output ---
@@ -74,6 +76,7 @@ class TrainingArguments:
     max_steps: int = field(default=-1, metadata={"help": "If > 0: total optimizer steps, overriding num_train_epochs. Required for datasets without len()."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step; the loss is normalised over the whole window."})
     average_tokens_across_devices: bool = field(default=True, metadata={"help": "Normalise the loss by the item count of all processes (always done by trainkit; kept for compatibility)."})
+    auto_find_batch_size: bool = field(default=False, metadata={"help": "On an out-of-memory error, halve the training batch size and start training again."})
 
     # --- optimizer and schedule ---
     learning_rate: float = field(default=5e-5, metadata={"help": "Peak learning rate."})
@@ -87,20 +90,33 @@ class TrainingArguments:
     lr_scheduler_type: str = field(default="linear", metadata={"help": "A transformers scheduler name (linear, cosine, constant, ...)."})
     lr_scheduler_kwargs: dict | str | None = field(default=None, metadata={"help": "Extra scheduler arguments (dict or JSON string)."})
     warmup_steps: float = field(default=0, metadata={"help": "Warm-up steps: an integer, or a float in [0, 1) as a ratio of total steps."})
+    optim_target_modules: None | str | list[str] = field(default=None, metadata={"help": "Modules the GaLore/APOLLO optimizers target (those optimizers are not available in trainkit)."})
+    label_smoothing_factor: float = field(default=0.0, metadata={"help": "Label smoothing epsilon applied to the model's logits (0 = none)."})
 
     # --- precision, memory, compilation ---
     bf16: bool = field(default=False, metadata={"help": "bfloat16 mixed precision."})
     fp16: bool = field(default=False, metadata={"help": "float16 mixed precision with a gradient scaler."})
+    bf16_full_eval: bool = field(default=False, metadata={"help": "Evaluate outside training with the model cast to bfloat16."})
+    fp16_full_eval: bool = field(default=False, metadata={"help": "Evaluate outside training with the model cast to float16."})
+    tf32: bool | None = field(default=None, metadata={"help": "TF32 matmuls on Ampere or newer NVIDIA GPUs (True needs one; False turns TF32 off)."})
+    activation_checkpointing: bool | None = field(default=None, metadata={"help": "Recompute activations in backward to save memory (transformers 5's name for gradient_checkpointing).", "nargs": "?", "const": True})
+    activation_checkpointing_kwargs: dict | str | None = field(default=None, metadata={"help": "Arguments for activation checkpointing (every_n_layers, offload, or torch.utils.checkpoint keywords)."})
     gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Recompute activations in backward to save memory.", "nargs": "?", "const": True})
     gradient_checkpointing_kwargs: dict | str | None = field(default=None, metadata={"help": "Arguments for gradient_checkpointing_enable()."})
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
     torch_compile_backend: str | None = field(default=None, metadata={"help": "torch.compile backend; setting it enables torch_compile."})
     torch_compile_mode: str | None = field(default=None, metadata={"help": "torch.compile mode; setting it enables torch_compile."})
+    use_liger_kernel: bool = field(default=False, metadata={"help": "Patch the model with Liger kernels (needs the liger-kernel package and a GPU)."})
+    liger_kernel_config: dict | None = field(default=None, metadata={"help": "Keyword arguments for the Liger patching (with use_liger_kernel)."})
+    use_cache: bool = field(default=False, metadata={"help": "Value of model.config.use_cache while training (the key/value cache is rarely useful then)."})
+    neftune_noise_alpha: float | None = field(default=None, metadata={"help": "NEFTune: add uniform noise of this scale to the input embeddings while training."})
+    torch_empty_cache_steps: int | None = field(default=None, metadata={"help": "Empty the accelerator's memory cache every N optimizer steps."})
 
     # --- logging ---
     logging_strategy: str = field(default="steps", metadata={"help": "no | steps | epoch."})
     logging_steps: float = field(default=500, metadata={"help": "Log every N optimizer steps (a float < 1 is a ratio of total steps)."})
     logging_first_step: bool = field(default=False, metadata={"help": "Also log after the first optimizer step."})
+    log_on_each_node: bool = field(default=True, metadata={"help": "With several machines: the first process of each machine logs (False: only the global first)."})
     logging_nan_inf_filter: bool = field(default=True, metadata={"help": "Leave NaN/inf step losses out of the logged average."})
     include_num_input_tokens_seen: str | bool = field(default="no", metadata={"help": "Count input tokens: all | non_padding | no (True = all)."})
     log_level: str = field(default="passive", metadata={"help": "Logging level of the main process (passive leaves it alone)."})
@@ -108,6 +124,10 @@ class TrainingArguments:
     disable_tqdm: bool | None = field(default=None, metadata={"help": "Hide the progress bar (default: hidden when logging is quieter than WARNING)."})
     report_to: None | str | list[str] = field(default="none", metadata={"help": "Trackers: none | all | tensorboard | wandb (a JSONL log is always written)."})
     run_name: str | None = field(default=None, metadata={"help": "Run name shown by trackers (default: output_dir)."})
+    project: str = field(default="huggingface", metadata={"help": "Project name used by the Trackio tracker only (trainkit does not drive Trackio)."})
+    trackio_space_id: str | None = field(default=None, metadata={"help": "Trackio Space id (needs the Trackio tracker, absent from trainkit)."})
+    trackio_bucket_id: str | None = field(default=None, metadata={"help": "Trackio Bucket id (needs the Trackio tracker, absent from trainkit)."})
+    trackio_static_space_id: str | None = field(default=None, metadata={"help": "Trackio static Space id (needs the Trackio tracker, absent from trainkit); False is accepted."})
 
     # --- evaluation ---
     eval_strategy: str = field(default="no", metadata={"help": "no | steps | epoch."})
@@ -117,23 +137,40 @@ class TrainingArguments:
     eval_accumulation_steps: int | None = field(default=None, metadata={"help": "Move gathered predictions to CPU every N evaluation steps (bounds device memory)."})
     prediction_loss_only: bool = field(default=False, metadata={"help": "Evaluate and predict return only the loss."})
     include_for_metrics: list[str] = field(default_factory=list, metadata={"help": "Also pass 'inputs' and/or 'loss' to compute_metrics."})
+    eval_do_concat_batches: bool = field(default=True, metadata={"help": "Concatenate evaluation batches; False keeps a list with one entry per batch."})
+    eval_use_gather_object: bool = field(default=False, metadata={"help": "Gather non-tensor predictions across processes as Python objects."})
+    batch_eval_metrics: bool = field(default=False, metadata={"help": "Call compute_metrics after every batch (compute_result=False) and once at the end (True)."})
 
     # --- checkpoints and the best model ---
     save_strategy: str = field(default="steps", metadata={"help": "no | steps | epoch | best."})
     save_steps: float = field(default=500, metadata={"help": "Save every N steps under save_strategy='steps' (a float < 1 is a ratio)."})
     save_total_limit: int | None = field(default=None, metadata={"help": "Keep at most N checkpoints; the best one is never deleted."})
     save_only_model: bool = field(default=False, metadata={"help": "Save weights only (no optimizer, scheduler or RNG state: cannot resume)."})
+    save_on_each_node: bool = field(default=False, metadata={"help": "With several machines: each machine writes its own checkpoints."})
+    enable_jit_checkpoint: bool = field(default=False, metadata={"help": "Save a checkpoint when SIGTERM arrives (preemption)."})
     load_best_model_at_end: bool = field(default=False, metadata={"help": "Load the best checkpoint when training ends (needs matching eval and save strategies)."})
     metric_for_best_model: str | None = field(default=None, metadata={"help": "Metric that decides the best checkpoint (default 'loss' when needed)."})
     greater_is_better: bool | None = field(default=None, metadata={"help": "Whether a larger metric is better (default: unless the name ends in 'loss')."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "For scripts: a checkpoint folder to resume from (pass it to train())."})
     ignore_data_skip: bool = field(default=False, metadata={"help": "On resume, start the epoch's data from the beginning instead of skipping what was seen."})
+    restore_callback_states_from_checkpoint: bool = field(default=False, metadata={"help": "On resume, restore the saved state of stateful callbacks (e.g. early stopping's counter)."})
 
     # --- reproducibility and hardware ---
     seed: int = field(default=42, metadata={"help": "Seed set before the model is initialised and training starts."})
+    full_determinism: bool = field(default=False, metadata={"help": "Seed and force deterministic algorithms (slower; for debugging)."})
     data_seed: int | None = field(default=None, metadata={"help": "Seed of the data shuffling (default: seed)."})
     use_cpu: bool = field(default=False, metadata={"help": "Run on CPU even when an accelerator is present."})
     local_rank: int = field(default=-1, metadata={"help": "Accepted for old launchers; the rank comes from the environment."})
+    accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, ...): a dict or a JSON file."})
+    parallelism_config: Any = field(default=None, metadata={"help": "Accelerate's ParallelismConfig (tensor/context parallelism: not available in trainkit)."})
+    ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "DistributedDataParallel's find_unused_parameters."})
+    ddp_bucket_cap_mb: int | None = field(default=None, metadata={"help": "DistributedDataParallel's bucket_cap_mb."})
+    ddp_broadcast_buffers: bool | None = field(default=None, metadata={"help": "DistributedDataParallel's broadcast_buffers."})
+    ddp_static_graph: bool | None = field(default=None, metadata={"help": "DistributedDataParallel's static_graph."})
+    ddp_backend: str | None = field(default=None, metadata={"help": "Process-group backend: gloo or nccl (others where this torch build has them)."})
+    ddp_timeout: int = field(default=1800, metadata={"help": "Timeout of the process group's collectives, in seconds."})
+    debug: str | list[str] = field(default="", metadata={"help": "Debug features: underflow_overflow (tpu_metrics_debug needs a TPU)."})
+    skip_memory_metrics: bool = field(default=True, metadata={"help": "False: add memory-use deltas to the train/eval metrics."})
 
     # --- data loading ---
     dataloader_drop_last: bool = field(default=False, metadata={"help": "Drop the last incomplete training batch."})
@@ -141,11 +178,16 @@ class TrainingArguments:
     dataloader_pin_memory: bool = field(default=True, metadata={"help": "Pin host memory of batches (only where a GPU is used)."})
     dataloader_persistent_workers: bool = field(default=False, metadata={"help": "Keep DataLoader workers alive between epochs."})
     dataloader_prefetch_factor: int | None = field(default=None, metadata={"help": "Batches each worker loads ahead."})
+    dataloader_multiprocessing_context: str | None = field(default=None, metadata={"help": "Start method of DataLoader workers: fork | spawn | forkserver."})
+    dataloader_in_order: bool = field(default=True, metadata={"help": "Yield worker batches in order (False: as soon as ready)."})
     remove_unused_columns: bool = field(default=True, metadata={"help": "Drop dataset columns that the model's forward does not take."})
     label_names: list[str] | None = field(default=None, metadata={"help": "Input keys holding the labels (default: the model's, else 'labels')."})
+    train_sampling_strategy: str = field(default="random", metadata={"help": "random | sequential | group_by_length (batch_rebalance is transformers-only)."})
+    length_column_name: str = field(default="length", metadata={"help": "Column of precomputed lengths for group_by_length."})
 
     # --- FSDP ---
     fsdp: str | None = field(default=None, metadata={"help": "Enable FSDP: True, or words such as 'full_shard auto_wrap offload' (string or list).", "nargs": "?", "const": True})
+    deepspeed: dict | str | None = field(default=None, metadata={"help": "A DeepSpeed JSON config (path or dict, \"auto\" values filled from these arguments), run on FSDP2/DDP (docs/deepspeed.md)."})
     fsdp_config: dict | str | None = field(default=None, metadata={"help": "FSDP options: a dict, a YAML/JSON file, or a whole `trainkit config` file; keys with or without 'fsdp_'."})
 
     # --- Hub ---
@@ -154,6 +196,8 @@ class TrainingArguments:
     hub_strategy: str = field(default="every_save", metadata={"help": "end | every_save | checkpoint | all_checkpoints."})
     hub_token: str | None = field(default=None, metadata={"help": "Hub token (default: the one stored by `hf auth login`)."})
     hub_private_repo: bool | None = field(default=None, metadata={"help": "Create the Hub repository as private."})
+    hub_always_push: bool = field(default=False, metadata={"help": "Push even if the previous push is unfinished (trainkit's pushes are synchronous, so every push happens)."})
+    hub_revision: str | None = field(default=None, metadata={"help": "Branch or revision to push to."})
 
     # --- for scripts only (the Trainer does not read them) ---
     do_train: bool = field(default=False, metadata={"help": "For scripts: whether to train."})
@@ -164,6 +208,7 @@ class TrainingArguments:
         if self.output_dir is None:
             self.output_dir = "trainer_output"
         self.output_dir = os.path.expanduser(str(self.output_dir))
+        check_transformers_fields(self)  # the fields beyond the core ones: validated and normalised in one place
         for name in ("lr_scheduler_kwargs", "gradient_checkpointing_kwargs", "fsdp_config"):
             value = getattr(self, name)
             if isinstance(value, str) and value.lstrip().startswith("{"):
@@ -361,7 +406,7 @@ class TrainingArguments:
         dataset cache the others then read; as in transformers."""
         from trainkit.engine.state import ProcessState
 
-        state = ProcessState.get(cpu=self.use_cpu)
+        state = ProcessState.get(cpu=self.use_cpu or None)  # False = not set: the launcher may say --cpu
         logger.debug("%s: main process first (%s)", desc, "per machine" if local else "global")
         return state.local_main_process_first() if local else state.main_process_first()
 

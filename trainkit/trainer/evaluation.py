@@ -105,15 +105,24 @@ def _to_numpy(data):
 class _GatheredResults:
     """Accumulates gathered per-batch results; spills to host memory every ``spill_every`` batches."""
 
-    def __init__(self, spill_every: int | None) -> None:
+    def __init__(self, spill_every: int | None, concat: bool = True, objects: bool = False) -> None:
         self.spill_every = spill_every
+        self.concat = concat  # False (eval_do_concat_batches=False): one host entry per batch, in a list
+        self.objects = objects  # eval_use_gather_object: values are per-sample lists, kept as one flat list
         self.on_device: dict[str, Any] = {}
         self.on_host: dict[str, Any] = {}
         self.batches_since_spill = 0
 
     def add(self, name: str, value) -> None:
-        if value is not None:
-            self.on_device[name] = _pad_and_concat(self.on_device.get(name), value)
+        if value is None:
+            return
+        if self.objects:
+            self.on_host.setdefault(name, []).extend(_to_numpy(v) if isinstance(v, torch.Tensor) else v for v in value)
+            return
+        if not self.concat:
+            self.on_host.setdefault(name, []).append(_to_numpy(value) if _all_tensors(value) else value)
+            return
+        self.on_device[name] = _pad_and_concat(self.on_device.get(name), value)
 
     def end_batch(self) -> None:
         self.batches_since_spill += 1
@@ -129,6 +138,14 @@ class _GatheredResults:
     def result(self, name: str):
         self.spill()
         return self.on_host.get(name)
+
+
+def _all_tensors(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_all_tensors(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(_all_tensors(v) for v in value.values())
+    return isinstance(value, torch.Tensor)
 
 
 def _batch_size(inputs) -> int | None:
@@ -147,34 +164,48 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only:
     model.eval()
     logger.debug("Running %s", description)
     trainer.callback_handler.eval_dataloader = dataloader
-    results = _GatheredResults(args.eval_accumulation_steps)
+    results = _GatheredResults(args.eval_accumulation_steps, concat=args.eval_do_concat_batches,
+                               objects=args.eval_use_gather_object)
     wants_inputs = "inputs" in args.include_for_metrics
+    gather = accelerator.gather_for_metrics
+    if args.eval_use_gather_object:
+        def gather(data):  # one object per sample, gathered as Python objects (strings, ragged structures, ...)
+            samples = list(data) if isinstance(data, (torch.Tensor, list, tuple)) else [data]
+            return accelerator.gather_for_metrics(samples, use_gather_object=True)
+    batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None and not prediction_loss_only
+    metrics: dict[str, Any] = {}
     for inputs in dataloader:
         loss, logits, labels = trainer.prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
         if loss is not None:
             batch_size = _batch_size(inputs) or 1
-            results.add("losses", accelerator.gather_for_metrics(loss.detach().reshape(1).repeat(batch_size)))
+            results.add("losses", gather(loss.detach().reshape(1).repeat(batch_size)))
         if wants_inputs and isinstance(inputs, Mapping):
             main_input = inputs.get(getattr(trainer, "main_input_name", "input_ids"))
             if main_input is not None:
                 main_input = accelerator.pad_across_processes(main_input, dim=1, pad_index=PAD_INDEX)
-                results.add("inputs", accelerator.gather_for_metrics(main_input))
+                results.add("inputs", gather(main_input))
         if labels is not None:
             labels = accelerator.pad_across_processes(labels, dim=1, pad_index=PAD_INDEX)
         if logits is not None:
             logits = accelerator.pad_across_processes(logits, dim=1, pad_index=PAD_INDEX)
             if trainer.preprocess_logits_for_metrics is not None:
                 logits = trainer.preprocess_logits_for_metrics(logits, labels)
-            results.add("predictions", accelerator.gather_for_metrics(logits))
+            logits = gather(logits)
         if labels is not None:
-            results.add("labels", accelerator.gather_for_metrics(labels))
+            labels = gather(labels)
+        if batch_metrics:  # batch_eval_metrics: the metric accumulates itself; keep nothing but the losses
+            if logits is not None and labels is not None:
+                is_last = accelerator.gradient_state.end_of_dataloader  # set by the prepared loader on its last batch
+                metrics = dict(trainer.compute_metrics(EvalPrediction(logits, labels), compute_result=is_last) or {})
+        else:
+            results.add("predictions", logits)
+            results.add("labels", labels)
         results.end_batch()
         trainer.control = trainer.callback_handler.on_prediction_step(args, trainer.state, trainer.control)
 
     losses, predictions = results.result("losses"), results.result("predictions")
     label_ids, gathered_inputs = results.result("labels"), results.result("inputs")
-    metrics: dict[str, Any] = {}
-    if trainer.compute_metrics is not None and predictions is not None and label_ids is not None:
+    if not batch_metrics and trainer.compute_metrics is not None and predictions is not None and label_ids is not None:
         prediction = EvalPrediction(
             predictions, label_ids,
             inputs=gathered_inputs if wants_inputs else None,
@@ -183,10 +214,18 @@ def evaluation_loop(trainer, dataloader, description: str, prediction_loss_only:
         metrics = dict(trainer.compute_metrics(prediction) or {})
     metrics = {k: _plain_number(v) for k, v in metrics.items()}
     if losses is not None and len(losses):
-        metrics[f"{metric_key_prefix}_loss"] = float(np.mean(losses))
+        metrics[f"{metric_key_prefix}_loss"] = float(np.mean(np.concatenate([np.atleast_1d(x) for x in losses]) if isinstance(losses, list) else losses))
     metrics = {k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}": v for k, v in metrics.items()}
-    num_samples = _num_rows(predictions, label_ids, losses)
+    num_samples = _count_samples(predictions, label_ids, losses, args)
     return EvalLoopOutput(predictions=predictions, label_ids=label_ids, metrics=metrics, num_samples=num_samples)
+
+
+def _count_samples(predictions, label_ids, losses, args) -> int | None:
+    if args.eval_use_gather_object:  # flat per-sample lists
+        return len(losses) if losses is not None else len(predictions) if predictions is not None else None
+    if not args.eval_do_concat_batches:  # one array per batch
+        return sum(len(batch) for batch in losses) if losses else None
+    return _num_rows(predictions, label_ids, losses)
 
 
 def _num_rows(*candidates) -> int | None:

@@ -48,6 +48,45 @@ class HubUploader:
 
         HfApi(token=self.args.hub_token).upload_folder(
             repo_id=self.repo_id, folder_path=folder, path_in_repo=path_in_repo, commit_message=message,
-            ignore_patterns=ignore_patterns,
+            ignore_patterns=ignore_patterns, revision=self.args.hub_revision,
         )
         logger.info("Uploaded %s to %s", folder, self.repo_id)
+
+
+def write_model_card(trainer, **card_fields) -> str:
+    """Write ``output_dir/README.md``: transformers' model card (TrainingSummary) drawn from the trainer's
+    arguments, model config and log history; ``card_fields`` are create_model_card's (language, license,
+    tags, model_name, finetuned_from, tasks, dataset_tags, dataset, dataset_args). Returns the path."""
+    from transformers.modelcard import TrainingSummary
+
+    summary = TrainingSummary.from_trainer(_CardView(trainer), **card_fields)
+    path = os.path.join(trainer.args.output_dir, "README.md")
+    os.makedirs(trainer.args.output_dir, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(summary.to_model_card())
+    return path
+
+
+class _CardView:
+    """The trainer as transformers' model-card code reads it: the same, except that ``args.lr_scheduler_type``
+    is transformers' SchedulerType enum (trainkit keeps the plain string)."""
+
+    def __init__(self, trainer) -> None:
+        self._trainer = trainer
+        self.args = _EnumArgs(trainer.args)
+
+    def __getattr__(self, name: str):
+        return getattr(self._trainer, name)
+
+
+class _EnumArgs:
+    def __init__(self, args) -> None:
+        self._args = args
+
+    def __getattr__(self, name: str):
+        value = getattr(self._args, name)
+        if name == "lr_scheduler_type":
+            from transformers.trainer_utils import SchedulerType
+
+            return SchedulerType(value)
+        return value

@@ -108,6 +108,8 @@ def _adopt_state(trainer: Any, loaded: Any) -> None:
                  "is_local_process_zero", "is_world_process_zero"):
         setattr(loaded, name, getattr(trainer.state, name))
     trainer.state = loaded
+    if not trainer.args.restore_callback_states_from_checkpoint:
+        return  # transformers' default: callbacks keep the state they were created with
     for callback in trainer.callback_handler.callbacks:
         saved = loaded.stateful_callbacks.get(type(callback).__name__)
         if isinstance(saved, dict):

@@ -9,6 +9,7 @@ weights each micro-batch's mean loss by its share, so k micro-batches of b equal
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from . import checkpoints, resume
+from . import checkpoints, hub, resume, wiring
 from .arguments import TrainingArguments
 from .callbacks import (
     CallbackHandler,
@@ -44,6 +45,7 @@ from .data import (
 )
 from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
 from .meter import TrainingMeter
+from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
 from .plan import TrainingPlan, accumulation_windows, training_plan
 
@@ -80,9 +82,11 @@ class Trainer:
                  optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None,
                  preprocess_logits_for_metrics: Callable | None = None) -> None:
         self.args = args if args is not None else TrainingArguments()
-        from trainkit.utils.random import set_seed
-
-        set_seed(self.args.seed)  # before model_init, so its initial weights are reproducible
+        wiring.seed_run(self.args)  # before model_init, so its initial weights are reproducible
+        self._deepspeed: Any = None  # the translated TrainingArguments(deepspeed=...), when given
+        self.is_in_train = False
+        self._memory_tracker = wiring.memory_tracker(self.args)
+        self._memory_tracker.start()  # named by its caller (__init__, train, evaluate): transformers' stages
         self.accelerator = self.create_accelerator()
         self._configure_logging()
         self.hub = None
@@ -119,32 +123,33 @@ class Trainer:
                                   is_world_process_zero=self.is_world_process_zero())
         self.control = TrainerControl()
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+        self._memory_tracker.stop_and_update_metrics()
 
     # ------------------------------------------------------------------ engine and process identity
 
     def create_accelerator(self):
         """The engine, configured from the arguments (the engine itself never sees TrainingArguments)."""
         from trainkit.engine.accelerator import Accelerator
-        from trainkit.utils.dataclasses import DataLoaderConfiguration
+
+        from .engine_settings import engine_config_for_trainer, resolve_for_trainer
 
         args = self.args
-        kwargs: dict[str, Any] = dict(
-            mixed_precision=args.mixed_precision,
+        if args.deepspeed is not None:
+            from .deepspeed import deepspeed_for_trainer
+
+            self._deepspeed = deepspeed_for_trainer(args)
+        # The arguments the script set > the launcher's flags and file > defaults (trainkit.config.engine).
+        config = resolve_for_trainer(args, deepspeed_plugin=self._deepspeed.plugin if self._deepspeed else None)
+        return Accelerator(
             # The Trainer accumulates itself (it must count the window's items first), so the engine steps every call.
-            gradient_accumulation_steps=1,
-            cpu=args.use_cpu or None,
-            dataloader_config=DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed),
+            engine_config=engine_config_for_trainer(config),
+            **wiring.engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
             log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
             project_dir=args.output_dir,
         )
-        if args.fsdp_options is not None:
-            from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
-
-            kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin.from_options(args.fsdp_options)
-        return Accelerator(**kwargs)
 
     def _configure_logging(self) -> None:
-        level = self.args.log_level if self.accelerator.is_main_process else self.args.log_level_replica
+        level = self.args.log_level if self.args.should_log else self.args.log_level_replica  # log_on_each_node
         if level != "passive":
             logging.getLogger("trainkit").setLevel(getattr(logging, level.upper()))
 
@@ -175,16 +180,18 @@ class Trainer:
             dataset = remove_unused_columns(dataset, self.model, self.label_names, description)
         return dataset
 
-    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool) -> DataLoader:
+    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool, sampler: Any = None) -> DataLoader:
         args = self.args
         iterable = isinstance(dataset, IterableDataset)
-        sampler = None if iterable else (RandomSampler(dataset) if shuffle else SequentialSampler(dataset))
+        if sampler is None and not iterable:
+            sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
         workers = args.dataloader_num_workers
         loader = DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, collate_fn=self.data_collator, drop_last=drop_last,
             num_workers=workers, pin_memory=args.dataloader_pin_memory and torch.cuda.is_available(),
             persistent_workers=args.dataloader_persistent_workers if workers else False,
             prefetch_factor=args.dataloader_prefetch_factor if workers else None,
+            multiprocessing_context=args.dataloader_multiprocessing_context, in_order=args.dataloader_in_order,
         )
         return self.accelerator.prepare(loader)
 
@@ -193,7 +200,8 @@ class Trainer:
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset.")
         dataset = self._prepare_dataset(self.train_dataset, "training")
-        return self._dataloader(dataset, self.args.per_device_train_batch_size, True, self.args.dataloader_drop_last)
+        return self._dataloader(dataset, self.args.per_device_train_batch_size, True, self.args.dataloader_drop_last,
+                                sampler=wiring.train_sampler(self, dataset))
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         """The evaluation DataLoader (in order, nothing dropped), built once per dataset."""
@@ -220,13 +228,17 @@ class Trainer:
                 optimizer_cls, kwargs = self.optimizer_cls_and_kwargs
                 self.optimizer = optimizer_cls(parameter_groups(self.model, self.args.weight_decay), **kwargs)
             else:
-                self.optimizer = build_optimizer(self.model, self.args)
+                groups = parameter_groups(self.model, self.args.weight_decay)
+                self.optimizer = (optimizer_from_config(self._deepspeed, groups, self.args)
+                                  or build_optimizer(self.model, self.args))
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         """The ``args.lr_scheduler_type`` schedule over ``num_training_steps`` steps, unless one was given."""
         if self.lr_scheduler is None:
-            self.lr_scheduler = build_scheduler(optimizer or self.optimizer, self.args, num_training_steps)
+            optimizer = optimizer or self.optimizer
+            self.lr_scheduler = (scheduler_from_config(self._deepspeed, optimizer, self.args, num_training_steps)
+                                 or build_scheduler(optimizer, self.args, num_training_steps))
         return self.lr_scheduler
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
@@ -237,13 +249,8 @@ class Trainer:
     def _prepare_model(self) -> None:
         if self._model_prepared:
             return
-        if self.args.gradient_checkpointing:
-            if not hasattr(self.model, "gradient_checkpointing_enable"):
-                raise ValueError(f"gradient_checkpointing=True, but {type(self.model).__name__} has no gradient_checkpointing_enable().")
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
-        wrapped = self.accelerator.prepare(self.model)
-        if self.args.torch_compile:
-            wrapped = torch.compile(wrapped, backend=self.args.torch_compile_backend or "inductor", mode=self.args.torch_compile_mode)
+        wiring.prepare_model_features(self, self.model)
+        wrapped = self.accelerator.prepare(self.model)  # compiles in place when torch_compile is set
         self.model_wrapped = wrapped
         self.model = self.accelerator.unwrap_model(wrapped)
         self.callback_handler.model = self.model
@@ -253,7 +260,9 @@ class Trainer:
         # Model first: under FSDP the optimizer must be built over the sharded parameters.
         self._prepare_model()
         if getattr(self, "_optimizer_prepared", False):
+            wiring.replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
             return
+        self._scheduler_built = self.lr_scheduler is None
         self.create_optimizer_and_scheduler(max_steps)
         self.optimizer = self.accelerator.prepare(self.optimizer)
         # The schedule counts optimizer steps itself (stepped by the loop), so it is checkpointed, not prepared.
@@ -267,6 +276,17 @@ class Trainer:
               ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
         """Train for ``max_steps`` or ``num_train_epochs``; resume from a checkpoint folder, or the latest with True
         (and, after a torchelastic restart, from the latest by itself unless told False)."""
+        run = functools.partial(self._train_once, resume_from_checkpoint, ignore_keys_for_eval)
+        self.is_in_train = True
+        self._memory_tracker.start()
+        try:
+            output = wiring.train_with_batch_size_search(self, run) if self.args.auto_find_batch_size else run()
+            self._memory_tracker.stop_and_update_metrics(output.metrics)
+            return output
+        finally:
+            self.is_in_train = False
+
+    def _train_once(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         resume_from_checkpoint = resume.resolve_resume_folder(self, resume_from_checkpoint)
         train_dataloader = self.get_train_dataloader()
         plan = training_plan(train_dataloader, self.args.gradient_accumulation_steps,
@@ -303,6 +323,7 @@ class Trainer:
                 self._optimizer_step(model)
                 steps_in_epoch += 1
                 state.global_step += 1
+                wiring.maybe_empty_cache(args, state.global_step, self.accelerator.device)
                 state.epoch = epoch + (steps_in_epoch / plan.steps_per_epoch if plan.steps_per_epoch else 0)
                 self.control = handler.on_step_end(args, state, self.control)
                 self._maybe_log_save_evaluate(ignore_keys_for_eval)
@@ -367,6 +388,8 @@ class Trainer:
             labels = inputs.get(label_name)
             outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name})
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        elif self.args.label_smoothing_factor and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
+            loss, outputs = wiring.label_smoothed_loss(self, model, inputs)
         else:
             outputs = call_model(model, inputs)
             loss = loss_from_outputs(outputs)
@@ -475,13 +498,16 @@ class Trainer:
             for name, part in dataset.items():
                 metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
+        self._memory_tracker.start()
         self._prepare_model()
+        wiring.cast_for_full_eval(self)
         dataloader = self.get_eval_dataloader(dataset)
         start = time.perf_counter()
         output = evaluation_loop(self, dataloader, "Evaluation", True if self.compute_metrics is None else None,
                                  ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
         metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, len(dataloader) if hasattr(dataloader, "__len__") else None))
+        self._memory_tracker.stop_and_update_metrics(metrics)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
         return metrics
@@ -490,6 +516,7 @@ class Trainer:
                 metric_key_prefix: str = "test") -> PredictionOutput:
         """Predictions, label ids (when the data has labels) and metrics, one row per sample in dataset order."""
         self._prepare_model()
+        wiring.cast_for_full_eval(self)
         dataloader = self.get_test_dataloader(test_dataset)
         start = time.perf_counter()
         output = evaluation_loop(self, dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
@@ -562,10 +589,17 @@ class Trainer:
             with open(os.path.join(self.args.output_dir, f"{split}_results.json"), "w", encoding="utf-8") as handle:
                 json.dump(metrics, handle, indent=2, sort_keys=True)
 
-    def push_to_hub(self, commit_message: str = "End of training") -> None:
-        """Save the model to ``output_dir`` and upload it (needs push_to_hub=True, checked at construction)."""
+    def create_model_card(self, **card_fields: Any) -> None:
+        """Write a draft model card (README.md) to ``output_dir``; keywords as transformers' (main process)."""
+        if self.is_world_process_zero():
+            hub.write_model_card(self, **card_fields)
+
+    def push_to_hub(self, commit_message: str = "End of training", **card_fields: Any) -> None:
+        """Save the model and a model card (``card_fields`` as create_model_card's) to ``output_dir`` and upload them
+        (needs push_to_hub=True, checked at construction)."""
         if self.hub is None:
             raise ValueError("push_to_hub() needs TrainingArguments(push_to_hub=True), which checks the Hub when the Trainer is created.")
         self.save_model()
+        self.create_model_card(**card_fields)
         if self.is_world_process_zero():
             self.hub.upload(self.args.output_dir, commit_message)

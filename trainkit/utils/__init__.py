@@ -10,15 +10,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from trainkit.config.deepspeed import DeepSpeedPlugin
+from trainkit.config.dynamo import TorchDynamoPlugin
+
 from . import imports as _imports
 from .dataclasses import (
     AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
-    DeepSpeedPlugin,
     DistributedDataParallelKwargs,
-    DummyOptim,
-    DummyScheduler,
     FP8RecipeKwargs,
     GradientAccumulationPlugin,
     GradScalerKwargs,
@@ -30,7 +30,6 @@ from .dataclasses import (
     ProfileKwargs,
     ProjectConfiguration,
     TERecipeKwargs,
-    TorchDynamoPlugin,
 )
 from .enums import (
     ComputeEnvironment,
@@ -55,6 +54,9 @@ _LAZY = {
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "skip_first_batches": "trainkit.data_loader",
+    # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
+    "DummyOptim": "trainkit.engine.deepspeed",
+    "DummyScheduler": "trainkit.engine.deepspeed",
     **{name: "trainkit.utils.operations" for name in (
         "DistributedOperationException", "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32",
         "copy_tensor_to_devices", "extract_model_from_parallel", "find_batch_size", "find_device", "gather",
@@ -64,7 +66,7 @@ _LAZY = {
 
 __all__ = sorted([
     "AORecipeKwargs", "AutocastKwargs", "ComputeEnvironment", "DDPCommunicationHookType", "DataLoaderConfiguration",
-    "DeepSpeedPlugin", "DistributedDataParallelKwargs", "DistributedType", "DummyOptim", "DummyScheduler",
+    "DeepSpeedPlugin", "DistributedDataParallelKwargs", "DistributedType",
     "DynamoBackend", "FP8BackendType", "FP8RecipeKwargs", "GradScalerKwargs", "GradientAccumulationPlugin",
     "InitProcessGroupKwargs", "KwargsHandler", "LoggerType", "MSAMPRecipeKwargs", "MegatronLMDummyScheduler",
     "MegatronLMPlugin", "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "RNGType",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 from datetime import timedelta
 from typing import Any
 
@@ -168,23 +167,6 @@ class GradientAccumulationPlugin(KwargsHandler):
     sync_each_batch: bool = False
 
 
-@dataclasses.dataclass
-class TorchDynamoPlugin(KwargsHandler):
-    """``torch.compile`` options (``Accelerator(dynamo_plugin=...)``); see issue #12 for trainkit's status."""
-
-    backend: DynamoBackend | str | None = None
-    mode: str | None = None
-    fullgraph: bool | None = None
-    dynamic: bool | None = None
-    options: Any = None
-    disable: bool = False
-    use_regional_compilation: bool | None = None
-
-    def __post_init__(self) -> None:
-        if self.backend is not None:
-            self.backend = DynamoBackend(str(self.backend).upper())
-
-
 class _AbsentFeature:
     """Base of the names of features trainkit does not drive: constructing one raises, saying why."""
 
@@ -192,25 +174,6 @@ class _AbsentFeature:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise NotImplementedError(f"{type(self).__name__}: {self.reason}")
-
-
-class DeepSpeedPlugin(_AbsentFeature):
-    """DeepSpeed options. trainkit does not drive DeepSpeed (it is not a dependency)."""
-
-    reason = ("trainkit does not drive DeepSpeed. Shard with FSDP2 instead: FullyShardedDataParallelPlugin("
-              "sharding_strategy='FULL_SHARD') is ZeRO-3, 'SHARD_GRAD_OP' is ZeRO-2 (see docs/fsdp.md).")
-
-
-class DummyOptim(_AbsentFeature):
-    """DeepSpeed's placeholder optimizer (only meaningful with a DeepSpeed config)."""
-
-    reason = DeepSpeedPlugin.reason
-
-
-class DummyScheduler(_AbsentFeature):
-    """DeepSpeed's placeholder scheduler (only meaningful with a DeepSpeed config)."""
-
-    reason = DeepSpeedPlugin.reason
 
 
 class MegatronLMPlugin(_AbsentFeature):

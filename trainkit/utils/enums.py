@@ -1,6 +1,6 @@
 """Accelerate's enumerations, with every member, so scripts that compare against any of them run.
 
-A member naming hardware or a backend trainkit does not drive (XLA, NPU, DeepSpeed...) exists so that
+A member naming hardware or a backend trainkit does not drive (XLA, NPU, Megatron-LM...) exists so that
 ``accelerator.distributed_type == DistributedType.XLA`` is simply False; it never becomes active.
 """
 
@@ -33,7 +33,8 @@ class ListableEnum(enum.Enum, metaclass=_ContainsByValue):
 
 
 class DistributedType(str, enum.Enum):
-    """How the processes of a run cooperate. trainkit activates NO, MULTI_CPU, MULTI_GPU and FSDP."""
+    """How the processes of a run cooperate. trainkit activates NO, MULTI_CPU, MULTI_GPU, FSDP and DEEPSPEED
+    (a DeepSpeed config run on trainkit's DDP/FSDP2 engine, see docs/deepspeed.md)."""
 
     NO = "NO"
     MULTI_CPU = "MULTI_CPU"
@@ -51,7 +52,8 @@ class DistributedType(str, enum.Enum):
     MULTI_NEURON = "MULTI_NEURON"
 
 
-ACTIVE_DISTRIBUTED_TYPES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.FSDP)
+ACTIVE_DISTRIBUTED_TYPES = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.FSDP,
+                            DistributedType.DEEPSPEED)
 """The members trainkit can make active; the others only exist for comparisons."""
 
 

@@ -37,5 +37,11 @@ report = {
     "sharding_strategy": getattr(options, "sharding_strategy", None),
     "gradient_accumulation_steps": accelerator.gradient_accumulation_steps,
 }
+# torch.compile from the launcher (--dynamo_*): which modules were compiled in place, and no wrapper prefixes.
+report["compiled"] = sorted({type(m).__name__ for m in model.modules() if getattr(m, "_compiled_call_impl", None)})
+report["state_dict_keys"] = sorted(accelerator.unwrap_model(model).state_dict())
+report["loss_finite"] = bool(torch.isfinite(loss).item())
+report["optimizer"] = type(getattr(optimizer, "optimizer", optimizer)).__name__
+report["offload_params"] = getattr(options, "offload_params", None)
 print("REPORT " + json.dumps(report), flush=True)
 accelerator.end_training()

@@ -165,7 +165,7 @@ def precision_checks() -> dict:
             scheduler.step()
             optimizer.zero_grad()
             losses.append(loss.item())
-        result = {"losses": losses, "changed": any(not torch.equal(a, b.detach()) for a, b in zip(before, net.parameters())),
+        result = {"losses": losses, "changed": any(not torch.equal(a, b.detach().cpu()) for a, b in zip(before, net.parameters())),
                   "output_dtypes": sorted(output_dtypes), "scheduler_epoch": scheduler.last_epoch,
                   "has_scaler": acc.scaler is not None}
         if mode == "fp16":

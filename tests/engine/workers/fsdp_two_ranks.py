@@ -109,6 +109,27 @@ def check_state_dict_configs(reference) -> None:
     sizes = gather_floats(sum(t.numel() for t in full.values()))
     results["rank0_only_false"] = {"sizes": sizes, "state_diff": mine,
                                    "state_dict_type": every_rank.state_dict_type}
+    check_optim_state_dict_config(run)
+
+
+def check_optim_state_dict_config(run) -> None:
+    """optim_state_dict_config acts on the strategy's full optimizer state dict: every rank, or rank 0 on CPU."""
+    strategy = run.accelerator.strategy
+
+    def described() -> dict:
+        state = strategy.optimizer_state_dict(run.model, run.optimizer, full=True)
+        tensors = [value for entry in state.get("state", {}).values() for value in entry.values()
+                   if isinstance(value, torch.Tensor) and value.dim() > 0]
+        return {"tensors": gather_floats(len(tensors)),
+                "devices": gather_floats(sorted({tensor.device.type for tensor in tensors}))}
+
+    every_rank = described()  # the plugin's FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False)
+    strategy.plugin.optim_state_dict_config = FullOptimStateDictConfig(offload_to_cpu=True, rank0_only=True)
+    try:
+        rank0_only = described()
+    finally:
+        strategy.plugin.optim_state_dict_config = FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=False)
+    results["optim_state_dict_config"] = {"every_rank": every_rank, "rank0_only": rank0_only}
 
 
 def check_ignored_modules() -> None:

@@ -236,9 +236,13 @@ def _check_optimizer_params(what: str, model: nn.Module, optimizer: torch.optim.
     if len(saved) != len(current):
         raise CheckpointMismatchError(
             f"{what} (it has {len(saved)} parameter groups, the optimizer {len(current)})", [], [], [])
-    flat_saved, flat_current = set().union(*saved), set().union(*current)
-    if flat_saved != flat_current:
-        raise CheckpointMismatchError(what, sorted(flat_current - flat_saved), sorted(flat_saved - flat_current), [])
+    flat_saved = set().union(*saved)
+    # A tied parameter (GPT-2's lm_head.weight is wte.weight) has several names; the checkpoint records one.
+    aliases = [names.get(id(p), [f"<unnamed {id(p)}>"]) for group in optimizer.param_groups for p in group["params"]]
+    missing = sorted(alias[0] for alias in aliases if flat_saved.isdisjoint(alias))
+    unexpected = sorted(flat_saved - {name for alias in aliases for name in alias})
+    if missing or unexpected:
+        raise CheckpointMismatchError(what, missing, unexpected, [])
 
 
 def prepare_optimizer_load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str, index: int) -> PendingOptimizerLoad:

@@ -14,7 +14,10 @@ def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) 
         return data.to(device, non_blocking=non_blocking)
     if isinstance(data, Mapping):
         if not isinstance(data, dict) and hasattr(data, "to"):
-            return data.to(device)  # BatchEncoding knows how to move itself
+            try:  # BatchEncoding knows how to move itself (non_blocking since transformers 4.4x)
+                return data.to(device, non_blocking=non_blocking)
+            except TypeError:
+                return data.to(device)
         moved = {key: send_to_device(value, device, non_blocking) for key, value in data.items()}
         return moved if type(data) is dict else type(data)(moved)
     if isinstance(data, tuple) and hasattr(data, "_fields"):  # namedtuple

@@ -74,7 +74,7 @@ class PreparedDataLoader(DataLoader):
 
     # -- position ---------------------------------------------------------------------------------
     @property
-    def _shard(self) -> ShardedBatchSampler | IterableDatasetShard:
+    def _shard(self) -> ShardedBatchSampler | IterableDatasetShard | None:
         return self.dataset if isinstance(self.dataset, IterableDatasetShard) else self.batch_sampler
 
     def set_epoch(self, epoch: int) -> None:
@@ -117,7 +117,8 @@ class PreparedDataLoader(DataLoader):
         skip = self.progress.pending_skip
         self.progress.pending_skip = 0
         self.progress.samples_seen = skip
-        self._shard.skip_samples = skip
+        if self._shard is not None:  # None: an unbatched loader (batch_size=None) on one process
+            self._shard.skip_samples = skip
         self._loader_generator.manual_seed(self.seed * 1_000_003 + epoch)
         self._yielded = 0
         self.end_of_dataloader = False
@@ -140,7 +141,7 @@ class PreparedDataLoader(DataLoader):
                 self._yielded += 1
                 if upcoming is _END:
                     self.end_of_dataloader = True
-                    self.remainder = self._shard.final_real_samples
+                    self.remainder = self._shard.final_real_samples if self._shard is not None else -1
                 if self.global_batch_size:
                     self.progress.samples_seen += self.global_batch_size
                 yield send_to_device(current, self.device, self.non_blocking) if self.device is not None else current
@@ -199,7 +200,12 @@ def prepare_data_loader(
     kwargs = {name: getattr(dataloader, name) for name in _PASSTHROUGH if hasattr(dataloader, name)}
     if kwargs.get("num_workers", 0) == 0:
         kwargs["prefetch_factor"] = None
-    common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking)
+    on_gpu = device is not None and device.type == "cuda"
+    if on_gpu:
+        # Pinned batches copy to the GPU asynchronously: the step never waits on the host for its input.
+        # Host-to-device copies are always safe to overlap (the stream orders the kernels that read them).
+        kwargs["pin_memory"] = True
+    common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking or on_gpu)
     dataset = dataloader.dataset
     if isinstance(dataset, IterableDataset):
         batch_size = dataloader.batch_size

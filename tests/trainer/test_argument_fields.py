@@ -1,0 +1,171 @@
+"""TrainingArguments carries every field of the installed transformers' TrainingArguments (CPU only).
+
+Each field, set to a non-default valid value, either constructs or fails with the reason documented here
+(a package, hardware or integration that is absent): never "unknown argument".
+"""
+
+import dataclasses
+import json
+import logging
+
+import pytest
+import torch
+import transformers
+
+from trainkit import TrainingArguments
+from trainkit.config.errors import ConfigError
+
+HF_FIELDS = {f.name: f for f in dataclasses.fields(transformers.TrainingArguments)}
+OUR_FIELDS = {f.name: f for f in dataclasses.fields(TrainingArguments)}
+
+# One non-default, valid value per field. Extra keywords a value needs to be coherent go in COMPANIONS.
+NON_DEFAULT = {
+    "output_dir": "out", "per_device_train_batch_size": 4, "num_train_epochs": 2.0, "max_steps": 7,
+    "learning_rate": 1e-3, "lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"num_cycles": 0.25},
+    "warmup_steps": 0.1, "optim": "sgd", "optim_args": "momentum=0.9", "weight_decay": 0.01, "adam_beta1": 0.8,
+    "adam_beta2": 0.99, "adam_epsilon": 1e-6, "optim_target_modules": ["attn"], "gradient_accumulation_steps": 2,
+    "average_tokens_across_devices": False, "max_grad_norm": 0.5, "label_smoothing_factor": 0.1, "bf16": True,
+    "fp16": True, "bf16_full_eval": True, "fp16_full_eval": True, "tf32": True, "activation_checkpointing": True,
+    "activation_checkpointing_kwargs": {"use_reentrant": False}, "gradient_checkpointing": True,
+    "gradient_checkpointing_kwargs": {"use_reentrant": False}, "torch_compile": True,
+    "torch_compile_backend": "eager", "torch_compile_mode": "default", "use_liger_kernel": True,
+    "liger_kernel_config": {"rope": True}, "use_cache": True, "neftune_noise_alpha": 5.0,
+    "torch_empty_cache_steps": 10, "auto_find_batch_size": True, "logging_strategy": "epoch", "logging_steps": 10,
+    "logging_first_step": True, "log_on_each_node": False, "logging_nan_inf_filter": False,
+    "include_num_input_tokens_seen": "non_padding", "log_level": "info", "log_level_replica": "error",
+    "disable_tqdm": True, "report_to": "tensorboard", "run_name": "run", "project": "mine",
+    "trackio_space_id": "me/space", "trackio_bucket_id": "me/bucket", "trackio_static_space_id": "me/static",
+    "eval_strategy": "epoch", "eval_steps": 5, "eval_delay": 1, "per_device_eval_batch_size": 16,
+    "prediction_loss_only": True, "eval_on_start": True, "eval_do_concat_batches": False,
+    "eval_use_gather_object": True, "eval_accumulation_steps": 2, "include_for_metrics": ["inputs"],
+    "batch_eval_metrics": True, "save_only_model": True, "save_strategy": "epoch", "save_steps": 10,
+    "save_on_each_node": True, "save_total_limit": 2, "enable_jit_checkpoint": True, "push_to_hub": True,
+    "hub_token": "hf_x", "hub_private_repo": True, "hub_model_id": "me/model", "hub_strategy": "end",
+    "hub_always_push": True, "hub_revision": "dev", "load_best_model_at_end": True, "metric_for_best_model": "accuracy",
+    "greater_is_better": True, "ignore_data_skip": True, "restore_callback_states_from_checkpoint": True,
+    "full_determinism": True, "seed": 7, "data_seed": 8, "use_cpu": True,
+    "accelerator_config": {"even_batches": False}, "parallelism_config": object(), "dataloader_drop_last": True,
+    "dataloader_num_workers": 2, "dataloader_pin_memory": False, "dataloader_persistent_workers": True,
+    "dataloader_prefetch_factor": 4, "dataloader_multiprocessing_context": "spawn", "dataloader_in_order": False,
+    "remove_unused_columns": False, "label_names": ["target"], "train_sampling_strategy": "group_by_length",
+    "length_column_name": "n_tokens", "ddp_find_unused_parameters": True, "ddp_bucket_cap_mb": 50,
+    "ddp_broadcast_buffers": False, "ddp_static_graph": True, "ddp_backend": "gloo", "ddp_timeout": 60,
+    "fsdp": "full_shard", "fsdp_config": {"min_num_params": 1000}, "deepspeed": {"zero_optimization": {"stage": 2}},
+    "debug": "underflow_overflow", "skip_memory_metrics": False, "do_train": True, "do_eval": True,
+    "do_predict": True, "resume_from_checkpoint": "out/checkpoint-5", "local_rank": 0,
+}
+COMPANIONS = {
+    "load_best_model_at_end": {"eval_strategy": "epoch", "save_strategy": "epoch"},
+    "dataloader_persistent_workers": {"dataloader_num_workers": 1},
+    "dataloader_prefetch_factor": {"dataloader_num_workers": 1},
+    "dataloader_multiprocessing_context": {"dataloader_num_workers": 1},
+    "dataloader_in_order": {"dataloader_num_workers": 1},
+    "liger_kernel_config": {"use_liger_kernel": True},
+}
+CPU_ONLY = not torch.cuda.is_available()
+# Fields whose non-default value needs something absent: the error must name it.
+REFUSED = {
+    "optim_target_modules": "GaLore/APOLLO",
+    "parallelism_config": "ParallelismConfig",
+    "trackio_space_id": "Trackio", "trackio_bucket_id": "Trackio", "trackio_static_space_id": "Trackio",
+    "enable_jit_checkpoint": "SIGTERM",
+}
+try:
+    import liger_kernel  # noqa: F401
+except ImportError:
+    REFUSED.update(use_liger_kernel="liger-kernel package", liger_kernel_config="liger-kernel package")
+if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8:
+    REFUSED.setdefault("tf32", "Ampere")
+
+
+def test_every_transformers_field_exists_with_its_default():
+    missing = sorted(set(HF_FIELDS) - set(OUR_FIELDS))
+    assert not missing, f"TrainingArguments lacks transformers {transformers.__version__} fields: {missing}"
+    for name, hf_field in HF_FIELDS.items():
+        ours = OUR_FIELDS[name]
+        hf_default = hf_field.default_factory() if hf_field.default_factory is not dataclasses.MISSING else hf_field.default
+        our_default = ours.default_factory() if ours.default_factory is not dataclasses.MISSING else ours.default
+        assert getattr(our_default, "value", our_default) == getattr(hf_default, "value", hf_default), name
+
+
+def test_the_non_default_table_covers_every_field():
+    assert set(NON_DEFAULT) == set(HF_FIELDS)
+
+
+@pytest.mark.parametrize("name", sorted(HF_FIELDS))
+def test_each_field_constructs_or_names_what_it_needs(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    kwargs = {"output_dir": str(tmp_path / "out"), name: NON_DEFAULT[name], **COMPANIONS.get(name, {})}
+    if name == "push_to_hub":
+        kwargs["hub_model_id"] = "me/model"
+    if name in REFUSED:
+        with pytest.raises(ConfigError, match=REFUSED[name]):
+            TrainingArguments(**kwargs)
+        return
+    args = TrainingArguments(**kwargs)
+    assert name in json.loads(args.to_json_string())
+
+
+def test_activation_checkpointing_and_its_old_name_are_one_setting():
+    assert TrainingArguments(activation_checkpointing=True).gradient_checkpointing is True
+    assert TrainingArguments(gradient_checkpointing=True).activation_checkpointing is True
+    with pytest.raises(ConfigError, match="name one setting"):
+        TrainingArguments(activation_checkpointing=True, gradient_checkpointing=False)
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    ({"ddp_backend": "hccl"}, "no hccl backend"),
+    ({"train_sampling_strategy": "batch_rebalance"}, "shards every sampler"),
+    ({"debug": "tpu_metrics_debug"}, "needs a TPU"),
+    ({"dataloader_in_order": False}, "dataloader_num_workers > 0"),
+    ({"accelerator_config": {"gradient_accumulation_kwargs": {"num_steps": 2}}}, "accumulates gradients itself"),
+    ({"accelerator_config": {"split_batch": True}}, "split_batches"),
+    ({"group_by_length": True}, "train_sampling_strategy='group_by_length'"),
+])
+def test_refusals_name_the_reason(kwargs, reason):
+    with pytest.raises((ConfigError, TypeError), match=reason):
+        TrainingArguments(**kwargs)
+
+
+@pytest.mark.skipif(not CPU_ONLY, reason="checks the CPU-only message")
+def test_nccl_and_tf32_on_cpu_say_what_they_need():
+    with pytest.raises(ConfigError, match="nccl.*NVIDIA GPUs"):
+        TrainingArguments(ddp_backend="nccl")
+    with pytest.raises(ConfigError, match="Ampere or newer"):
+        TrainingArguments(tf32=True)
+    TrainingArguments(tf32=False)  # turning TF32 off is meaningful anywhere
+
+
+def test_process_attributes_scripts_read(tmp_path):
+    """CPU, one process: what run_clm.py / run_glue.py read from their arguments."""
+    from transformers.training_args import ParallelMode
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, per_device_train_batch_size=3,
+                             per_device_eval_batch_size=5, warmup_steps=0.1, log_level="error")
+    assert (args.process_index, args.local_process_index, args.world_size) == (0, 0, 1)
+    assert args.device == torch.device("cpu") and args.n_gpu == 0
+    assert args.parallel_mode is ParallelMode.NOT_PARALLEL and args.parallel_mode.value == "not_parallel"
+    assert args.should_log and args.should_save
+    assert args.get_process_log_level() == logging.ERROR
+    assert (args.train_batch_size, args.eval_batch_size) == (3, 5)
+    assert args.get_warmup_steps(95) == 10
+    assert args.ddp_timeout_delta.total_seconds() == 1800
+    assert args.ddp_timeout_if_set is None  # transformers' default counts as not set: the launcher's timeout applies
+    with args.main_process_first(desc="cache"):
+        pass
+    assert json.loads(args.to_json_string())["per_device_train_batch_size"] == 3
+    assert all(isinstance(v, (bool, int, float, str)) for v in args.to_sanitized_dict().values())
+
+
+def test_engine_options_from_ddp_fields_and_accelerator_config():
+    from trainkit.trainer.wiring import engine_options
+    from trainkit.utils.dataclasses import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    args = TrainingArguments(ddp_find_unused_parameters=True, ddp_timeout=90, data_seed=3,
+                             accelerator_config='{"even_batches": false, "use_configured_state": true}')
+    options = engine_options(args)
+    handlers = {type(h): h for h in options["kwargs_handlers"]}
+    assert handlers[DistributedDataParallelKwargs].to_kwargs() == {"find_unused_parameters": True}
+    assert handlers[InitProcessGroupKwargs].timeout.total_seconds() == 90
+    assert options["dataloader_config"].even_batches is False and options["dataloader_config"].data_seed == 3
+    assert DistributedDataParallelKwargs not in {type(h) for h in engine_options(TrainingArguments())["kwargs_handlers"]}

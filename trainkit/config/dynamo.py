@@ -1,0 +1,104 @@
+"""torch.compile settings as plain data: Accelerate's ``TorchDynamoPlugin`` and its launch-config keys.
+
+The same five settings arrive three ways: ``Accelerator(dynamo_backend=...)`` or
+``Accelerator(dynamo_plugin=TorchDynamoPlugin(...))``, the ``dynamo_config:`` block of a launch YAML
+(``dynamo_backend``, ``dynamo_mode``, ``dynamo_use_fullgraph``, ``dynamo_use_dynamic``,
+``dynamo_use_regional_compilation``), and ``trainkit launch --dynamo_*`` flags. Backend names are
+Accelerate's (upper case, ``NO`` = no compilation) or torch's (lower case); both are accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import ConfigError, unknown_key_error
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+DYNAMO_CONFIG_KEYS = ("dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
+                      "dynamo_use_regional_compilation")
+
+
+@dataclasses.dataclass
+class TorchDynamoPlugin:
+    """How prepared models are compiled with ``torch.compile`` (Accelerate's field names).
+
+    Args:
+        backend: a torch.compile backend ("inductor", "aot_eager", "eager", ...; Accelerate's upper-case
+            names work too); "no" (the default) compiles nothing.
+        mode: torch.compile's mode ("default", "reduce-overhead", "max-autotune", ...).
+        fullgraph: fail on graph breaks instead of splitting the graph.
+        dynamic: compile for dynamic shapes (None lets torch decide after a shape changes).
+        options: extra backend options passed to torch.compile.
+        disable: turn compilation off without removing the rest of the settings.
+        use_regional_compilation: compile each repeated block (a transformer layer) instead of the whole
+            model: one compilation serves every copy of the block, so cold start is several times shorter.
+    """
+
+    backend: str = "no"
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: dict[str, Any] | None = None
+    disable: bool = False
+    use_regional_compilation: bool = False
+
+    def __post_init__(self) -> None:
+        self.backend = normalise_backend(self.backend)
+        if self.mode is not None and self.mode not in COMPILE_MODES:
+            from .errors import invalid_value_error
+
+            raise invalid_value_error("dynamo_mode", self.mode, COMPILE_MODES, where="TorchDynamoPlugin")
+
+    @property
+    def enabled(self) -> bool:
+        """True when prepared models are compiled."""
+        return self.backend != "no" and not self.disable
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``torch.compile`` / ``nn.Module.compile``."""
+        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph, "dynamic": self.dynamic}
+        if self.mode is not None and self.mode != "default":
+            kwargs["mode"] = self.mode
+        if self.options:
+            kwargs["options"] = dict(self.options)
+        return kwargs
+
+    def to_config(self) -> dict[str, Any]:
+        """The ``dynamo_config`` block of a launch YAML that describes this plugin."""
+        return {"dynamo_backend": self.backend.upper(), "dynamo_mode": self.mode or "default",
+                "dynamo_use_fullgraph": self.fullgraph, "dynamo_use_dynamic": bool(self.dynamic),
+                "dynamo_use_regional_compilation": self.use_regional_compilation}
+
+    @classmethod
+    def from_config(cls, block: Mapping[str, Any], *, where: str) -> TorchDynamoPlugin:
+        """Read a launch YAML's ``dynamo_config`` block (unknown keys are refused by name)."""
+        for key in block:
+            if key not in DYNAMO_CONFIG_KEYS:
+                raise unknown_key_error(key, DYNAMO_CONFIG_KEYS, where=where)
+        mode = block.get("dynamo_mode")
+        return cls(backend=block.get("dynamo_backend") or "no", mode=None if mode in (None, "default") else mode,
+                   fullgraph=_flag(block, "dynamo_use_fullgraph", where),
+                   dynamic=_flag(block, "dynamo_use_dynamic", where) or None,
+                   use_regional_compilation=_flag(block, "dynamo_use_regional_compilation", where))
+
+
+def normalise_backend(name: Any) -> str:
+    """Accelerate's ``DynamoBackend`` names (``INDUCTOR``, ``NO``) and torch's (``inductor``) to torch's."""
+    text = str(getattr(name, "value", name) if name is not None else "no").strip()
+    if not text or text.upper() == "NO":
+        return "no"
+    return text.lower()
+
+
+def _flag(block: Mapping[str, Any], key: str, where: str) -> bool:
+    value = block.get(key, False)
+    if isinstance(value, bool) or value is None:
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1"):
+        return True
+    if text in ("false", "no", "0", ""):
+        return False
+    raise ConfigError(f"{key} ({where}) must be true or false, got {value!r}.")

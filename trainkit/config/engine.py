@@ -1,0 +1,261 @@
+"""The engine's configuration, resolved once: explicit arguments > the launcher's config > defaults.
+
+Every setting the engine takes from outside the script's own objects lives in :class:`EngineConfig`, a
+frozen record built by :func:`resolve_engine_config` and by nothing else. Its inputs are
+
+* explicit settings: what the script passed (``Accelerator(...)`` arguments, plugins, the
+  ``TrainingArguments`` fields it set), already projected into :class:`Setting` values keyed by field
+  name (FSDP options as ``fsdp.<option>``);
+* the launcher's config (``trainkit launch``'s hand-off file) — read here and nowhere else;
+* the defaults of :class:`EngineConfig` and :class:`FSDPOptions`.
+
+For every key the first of those three that has a value wins, and the config remembers where each value
+came from (``provenance``). When an explicit value disagrees with a value the launcher was *given* (by a
+flag or a config file, not by its own defaults), ``notices`` holds one line saying which won.
+
+Adding a source: write a function ``LaunchConfig -> dict[str, Setting]`` and add it to
+``LAUNCHER_MAPPINGS`` (a launcher section such as ``deepspeed_config``), or project the new plugin into
+the explicit settings where the engine builds them (``trainkit.engine.configuration``). Adding a key: a
+field below, a parser in ``_PARSERS``, and the launcher key in ``_LAUNCH_KEYS`` when the launcher has one.
+No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import types
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .deepspeed import DeepSpeedSettings, engine_values
+from .dynamo import TorchDynamoPlugin
+from .fsdp import FSDPOptions
+from .handoff import load_launch_config_from_env
+from .launch import DEFAULT_SOURCE, LaunchConfig
+from .values import parse_mixed_precision, to_bool, to_int, to_positive_float
+
+logger = logging.getLogger("trainkit.config")
+
+PRECEDENCE = ("explicit", "launcher", "default")
+"""The one rule, highest first, for every key of :class:`EngineConfig` and every FSDP option."""
+FSDP_PREFIX = "fsdp."
+_FROM_HANDOFF: Any = object()  # "read the launcher's hand-off file" (the normal case)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One value offered for a key, with the words that say where it came from."""
+
+    value: Any
+    source: str
+    """e.g. ``"Accelerator(mixed_precision=)"``, ``"launcher flag --mixed_precision"``, ``"default"``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """What the engine runs with, each value resolved once (see the module docstring for the rule)."""
+
+    mixed_precision: str = "no"
+    """no | fp16 | bf16: autocast dtype (and loss scaling under fp16)."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step."""
+    use_cpu: bool = False
+    """Compute on CPU even where a GPU exists."""
+    collective_timeout: float = 600.0
+    """Seconds before a collective that never completes fails the job (far below gloo's and NCCL's 30
+    minutes, so a rank that skipped a collective is reported in minutes)."""
+    fsdp: FSDPOptions | None = None
+    """FSDP options when the model is to be sharded, else None. Read-only."""
+    dynamo: TorchDynamoPlugin | None = None
+    """torch.compile settings for prepared models, or None (no compilation). Read-only."""
+    deepspeed: DeepSpeedSettings | None = None
+    """A DeepSpeed config, translated (config/deepspeed.py): its ZeRO stage, precision and accumulation are
+    already in the fields above; the rest (clipping, optimizer/scheduler blocks, batch sizes) is here."""
+    provenance: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
+    """Where each value came from, keyed by field name and ``fsdp.<option>``."""
+    notices: tuple[str, ...] = dataclasses.field(default=(), compare=False)
+    """At most one line: the explicit values that overrode different launcher values."""
+
+    def source_of(self, key: str) -> str:
+        """Where ``key`` (a field name or ``fsdp.<option>``) came from."""
+        return self.provenance.get(key, DEFAULT_SOURCE)
+
+    def replace(self, source: str, **changes: Any) -> EngineConfig:
+        """A copy with ``changes`` applied, each recorded as coming from ``source``."""
+        provenance = dict(self.provenance)
+        provenance.update({key: source for key in changes})
+        return dataclasses.replace(self, provenance=types.MappingProxyType(provenance), **changes)
+
+    def describe(self) -> list[str]:
+        """One ``key = value  (source)`` line per setting, FSDP options indented below ``fsdp``."""
+        lines = []
+        for name in _FIELDS:
+            value = getattr(self, name)
+            shown = _shown(name, value)
+            lines.append(f"{name} = {shown}  ({self.source_of(name)})")
+            if name == "fsdp" and value is not None:
+                for option in FSDPOptions.field_names():
+                    key = FSDP_PREFIX + option
+                    lines.append(f"  {option} = {getattr(value, option)}  ({self.source_of(key)})")
+        return lines
+
+    def summary(self) -> str:
+        """The whole config on one line, for a debug log."""
+        return "; ".join(line.strip() for line in self.describe())
+
+
+def _shown(name: str, value: Any) -> Any:
+    if name == "fsdp":
+        return "off" if value is None else "on"
+    if name == "dynamo":
+        return "off" if value is None else f"{value.backend} (regional: {value.use_regional_compilation})"
+    if name == "deepspeed":
+        return "off" if value is None else f"ZeRO stage {value.zero_stage}"
+    return value
+
+
+_FIELDS = ("mixed_precision", "gradient_accumulation_steps", "use_cpu", "collective_timeout", "fsdp", "dynamo",
+           "deepspeed")
+_PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    "mixed_precision": parse_mixed_precision,
+    "gradient_accumulation_steps": lambda value, where: to_int("gradient_accumulation_steps", value, where, minimum=1),
+    "use_cpu": lambda value, where: to_bool("use_cpu", value, where),
+    "collective_timeout": lambda value, where: to_positive_float("collective_timeout", value, where),
+    "fsdp": lambda value, where: to_bool("fsdp", value, where),
+    "dynamo": lambda value, where: value if value is not None and value.enabled else None,
+}
+# EngineConfig key -> LaunchConfig key, for the keys the launcher hands over as they are.
+_LAUNCH_KEYS = {"mixed_precision": "mixed_precision", "gradient_accumulation_steps": "gradient_accumulation_steps",
+                "use_cpu": "use_cpu", "collective_timeout": "collective_timeout"}
+
+
+def launcher_source(launch_source: str, key: str) -> str:
+    """The words for a value the launcher was given: ``launcher flag --key`` or ``launcher config <file>``."""
+    if launch_source == "flag":
+        return f"launcher flag --{key}"
+    return f"launcher config {launch_source}"
+
+
+def _plain_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    settings = {}
+    for name, launch_key in _LAUNCH_KEYS.items():
+        source = launch.source_of(launch_key)
+        if source != DEFAULT_SOURCE:  # the launcher's own defaults are not a request
+            settings[name] = Setting(getattr(launch, launch_key), launcher_source(source, launch_key))
+    return settings
+
+
+def _fsdp_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    if launch.fsdp_config is None:
+        return {}
+    source = launch.source_of("distributed_type")
+    settings = {"fsdp": Setting(True, launcher_source(source, "use_fsdp" if source == "flag" else "distributed_type"))}
+    for option in FSDPOptions.field_names():
+        option_source = launch.source_of(f"fsdp_config.fsdp_{option}")
+        if option_source != DEFAULT_SOURCE:
+            settings[FSDP_PREFIX + option] = Setting(getattr(launch.fsdp_config, option),
+                                                     launcher_source(option_source, f"fsdp_{option}"))
+    return settings
+
+
+def _dynamo_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    if launch.dynamo_config is None:
+        return {}
+    source = launch.source_of("dynamo_config")
+    return {"dynamo": Setting(TorchDynamoPlugin.from_config(launch.dynamo_config, where=f"dynamo_config ({source})"),
+                              launcher_source(source, "dynamo_backend" if source == "flag" else "dynamo_config"))}
+
+
+def _deepspeed_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    plugin = launch.deepspeed_plugin()
+    if plugin is None:
+        return {}
+    source = launcher_source(launch.source_of("deepspeed_config"), "use_deepspeed")
+    values = engine_values(plugin.deepspeed_config, where=f"deepspeed_config ({source})")
+    return {key: Setting(value, f"{source} (DeepSpeed)") for key, value in values.items()}
+
+
+LAUNCHER_MAPPINGS: list[Callable[[LaunchConfig], dict[str, Setting]]] = [
+    _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings]
+"""How the launcher's config becomes settings: one function per section (add DeepSpeed's here)."""
+
+
+def launcher_settings(launch: LaunchConfig | None) -> dict[str, Setting]:
+    """The settings the launcher was given (flags, config files), keyed like the explicit ones."""
+    settings: dict[str, Setting] = {}
+    if launch is not None:
+        for mapping in LAUNCHER_MAPPINGS:
+            settings.update(mapping(launch))
+    return settings
+
+
+def resolve_engine_config(explicit: Mapping[str, Setting] | None = None, *,
+                          launch: LaunchConfig | None = _FROM_HANDOFF) -> EngineConfig:
+    """Resolve every engine setting once: ``explicit`` > the launcher's config > defaults.
+
+    ``explicit`` holds only what the script set (a key absent means "not set", which is not the same as
+    a default value). ``launch`` defaults to the hand-off file ``trainkit launch`` wrote for this
+    process (none when the script was not launched by it). Bad values raise ``ConfigError`` naming the
+    key, the value, where it came from and the valid choices.
+    """
+    explicit = dict(explicit or {})
+    unknown = [key for key in explicit if key not in _FIELDS and not key.startswith(FSDP_PREFIX)]
+    if unknown:
+        raise ValueError(f"resolve_engine_config: unknown keys {unknown}; known: {list(_FIELDS)} and fsdp.<option>.")
+    launched = launcher_settings(load_launch_config_from_env() if launch is _FROM_HANDOFF else launch)
+    layers = (explicit, launched)
+    values: dict[str, Any] = {}
+    provenance: dict[str, str] = {}
+    overridden: list[str] = []
+    for key in list(_FIELDS) + _fsdp_keys(layers):
+        winner = next((layer[key] for layer in layers if key in layer), None)
+        if winner is None:
+            provenance[key] = DEFAULT_SOURCE
+            continue
+        parse = _PARSERS.get(key)
+        values[key] = parse(winner.value, winner.source) if parse else winner.value
+        provenance[key] = winner.source
+        if key in explicit and key in launched and _differs(key, explicit[key].value, launched[key].value):
+            overridden.append(f"{key}={values[key]!r} from {winner.source} overrides "
+                              f"{launched[key].value!r} from {launched[key].source}")
+    fsdp = _fsdp_options(values, provenance)
+    notices = ("trainkit: explicit settings win over the launcher's: " + "; ".join(overridden) + ".",) if overridden else ()
+    config = EngineConfig(
+        **{name: values[name] for name in _FIELDS if name in values and name != "fsdp"},
+        fsdp=fsdp, provenance=types.MappingProxyType(provenance), notices=notices,
+    )
+    logger.debug("trainkit engine config: %s", config.summary())
+    return config
+
+
+def _fsdp_keys(layers: tuple[Mapping[str, Setting], ...]) -> list[str]:
+    return [FSDP_PREFIX + option for option in FSDPOptions.field_names()
+            if any(FSDP_PREFIX + option in layer for layer in layers)]
+
+
+def _fsdp_options(values: dict[str, Any], provenance: dict[str, str]) -> FSDPOptions | None:
+    """One FSDPOptions, validated once, from the winning option values (None when FSDP is off)."""
+    chosen = {key[len(FSDP_PREFIX):]: value for key, value in values.items() if key.startswith(FSDP_PREFIX)}
+    if not values.get("fsdp"):
+        for key in [k for k in provenance if k.startswith(FSDP_PREFIX)]:
+            del provenance[key]
+        return None
+    for option in FSDPOptions.field_names():
+        provenance.setdefault(FSDP_PREFIX + option, DEFAULT_SOURCE)
+    sources = sorted({provenance[FSDP_PREFIX + option] for option in chosen})
+    options = FSDPOptions()
+    for option, value in chosen.items():
+        setattr(options, option, value)
+    options.validate(f"FSDP options ({', '.join(sources) or DEFAULT_SOURCE})")
+    return options
+
+
+def _differs(key: str, explicit: Any, launched: Any) -> bool:
+    parse = _PARSERS.get(key)
+    try:
+        if parse is not None:
+            return parse(explicit, "explicit") != parse(launched, "launcher")
+    except ValueError:
+        return True
+    return explicit != launched

@@ -1,0 +1,311 @@
+"""The transformers 5.x TrainingArguments fields beyond the core ones: their checks, and what scripts read back.
+
+``check_transformers_fields`` validates and normalises them at construction, so a field that cannot act
+here (it needs a package, hardware or an integration trainkit does not have) fails at once, naming what it
+needs. ``ProcessAttributes`` gives TrainingArguments the process facts scripts read from it (``should_log``,
+``process_index``, ``device``, ``parallel_mode``, ...), answered by the engine's process state.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+from trainkit.config.errors import ConfigError, check_choice
+
+logger = logging.getLogger(__name__)
+
+WHERE = "TrainingArguments"
+SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
+DDP_BACKENDS = ("nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl")
+DEFAULT_DDP_TIMEOUT_S = 1800  # transformers' default for ddp_timeout; left there, it counts as not set
+WORKER_START_METHODS = ("fork", "spawn", "forkserver")
+DEBUG_OPTIONS = ("underflow_overflow", "tpu_metrics_debug")
+# accelerator_config keys (transformers' AcceleratorConfig) that map onto the engine's DataLoaderConfiguration.
+DATALOADER_KEYS = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking")
+OTHER_ACCELERATOR_KEYS = ("gradient_accumulation_kwargs", "use_configured_state")
+
+
+def check_transformers_fields(args: Any) -> None:
+    """Validate and normalise the fields beyond the core ones (called first by ``TrainingArguments.__post_init__``)."""
+    _merge_checkpointing_alias(args)
+    _check_unavailable_features(args)
+    _check_distributed(args)
+    _check_data_loading(args)
+    _check_evaluation(args)
+    _apply_tf32(args.tf32, args.use_cpu)
+    args.accelerator_config = _load_accelerator_config(args.accelerator_config)
+    args.debug = _parse_debug(args.debug)
+    if args.label_smoothing_factor < 0 or args.label_smoothing_factor >= 1:
+        raise ConfigError(f"label_smoothing_factor={args.label_smoothing_factor!r} in {WHERE} must be in [0, 1).")
+    if args.neftune_noise_alpha is not None and args.neftune_noise_alpha <= 0:
+        raise ConfigError(f"neftune_noise_alpha={args.neftune_noise_alpha!r} in {WHERE} must be > 0 (or None for off).")
+    if args.torch_empty_cache_steps is not None:
+        if args.torch_empty_cache_steps < 1:
+            raise ConfigError(f"torch_empty_cache_steps={args.torch_empty_cache_steps!r} in {WHERE} must be >= 1 or None.")
+        if args.use_cpu or not _has_accelerator():
+            logger.warning("torch_empty_cache_steps: training runs on CPU, which has no device cache to empty; nothing to do.")
+    if args.project != "huggingface":
+        logger.warning("project=%r is read by the Trackio tracker only, which trainkit does not drive; "
+                       "trackers name the run after run_name.", args.project)
+
+
+def _merge_checkpointing_alias(args: Any) -> None:
+    """activation_checkpointing (transformers 5) and gradient_checkpointing (its old name) are one setting."""
+    for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+        value = getattr(args, name)
+        if isinstance(value, str):
+            setattr(args, name, _json_dict(name, value))
+    pairs = (("activation_checkpointing", "gradient_checkpointing"),
+             ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"))
+    for new, old in pairs:
+        new_value, old_value = getattr(args, new), getattr(args, old)
+        if new_value is not None and old_value is not None and new_value != old_value:
+            raise ConfigError(f"{WHERE}: {new}={new_value!r} and {old}={old_value!r} name one setting with two "
+                              f"values; set only {new} (transformers 5's name).")
+        merged = new_value if new_value is not None else old_value
+        setattr(args, new, merged)
+        setattr(args, old, merged)
+    args.activation_checkpointing = args.gradient_checkpointing = bool(args.activation_checkpointing)
+
+
+def _check_unavailable_features(args: Any) -> None:
+    """Fields whose feature needs something trainkit or this machine lacks: fail now, naming it."""
+    if args.deepspeed is not None:  # a DeepSpeed config is read and checked now, as transformers does
+        from .deepspeed import deepspeed_for_trainer
+
+        deepspeed_for_trainer(args)
+    if args.parallelism_config is not None:
+        raise ConfigError(f"parallelism_config in {WHERE} needs Accelerate's ParallelismConfig (tensor/context "
+                          "parallelism), which trainkit does not provide; use fsdp for sharding.")
+    if args.optim_target_modules is not None:
+        raise ConfigError(f"optim_target_modules in {WHERE} is read only by the GaLore/APOLLO optimizers (packages "
+                          f"galore-torch/apollo-torch), which trainkit does not build; optim={args.optim!r} ignores it.")
+    for name in ("trackio_space_id", "trackio_bucket_id", "trackio_static_space_id"):
+        value = getattr(args, name)
+        if value is not None and value is not False:
+            raise ConfigError(f"{name}={value!r} in {WHERE} needs the Trackio tracker (report_to='trackio'), which "
+                              "trainkit does not drive; use report_to='tensorboard' or 'wandb'.")
+    if args.use_liger_kernel and importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError(f"use_liger_kernel=True in {WHERE} needs the liger-kernel package (and a GPU); it is not installed.")
+    if args.liger_kernel_config is not None and not args.use_liger_kernel:
+        raise ConfigError(f"liger_kernel_config in {WHERE} only acts with use_liger_kernel=True.")
+    if not args.skip_memory_metrics and importlib.util.find_spec("psutil") is None:
+        raise ConfigError(f"skip_memory_metrics=False in {WHERE} needs the psutil package to measure memory; it is not installed.")
+    if args.enable_jit_checkpoint:
+        raise ConfigError(f"enable_jit_checkpoint=True in {WHERE}: trainkit's Trainer does not yet save on SIGTERM "
+                          "itself; use save_strategy='steps' and resume_from_checkpoint=True after a preemption.")
+
+
+def _check_distributed(args: Any) -> None:
+    if args.ddp_backend is not None:
+        args.ddp_backend = check_choice("ddp_backend", str(args.ddp_backend).lower(), DDP_BACKENDS, where=WHERE)
+        if args.ddp_backend == "nccl" and (args.use_cpu or not _has_cuda()):
+            raise ConfigError(f"ddp_backend='nccl' in {WHERE} needs NVIDIA GPUs, and this run is on CPU: use 'gloo'.")
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_backend_available(args.ddp_backend):
+            raise ConfigError(f"ddp_backend={args.ddp_backend!r} in {WHERE}: this torch build has no {args.ddp_backend} "
+                              "backend (it needs its own hardware and build); use 'gloo' (CPU) or 'nccl' (NVIDIA).")
+    if not isinstance(args.ddp_timeout, int) or isinstance(args.ddp_timeout, bool) or args.ddp_timeout < 1:
+        raise ConfigError(f"ddp_timeout={args.ddp_timeout!r} in {WHERE} must be a whole number of seconds >= 1.")
+    if args.ddp_bucket_cap_mb is not None and args.ddp_bucket_cap_mb <= 0:
+        raise ConfigError(f"ddp_bucket_cap_mb={args.ddp_bucket_cap_mb!r} in {WHERE} must be > 0 or None.")
+    if args.fsdp and any(getattr(args, n) is not None for n in ("ddp_find_unused_parameters", "ddp_bucket_cap_mb",
+                                                                 "ddp_broadcast_buffers", "ddp_static_graph")):
+        raise ConfigError(f"{WHERE}: ddp_find_unused_parameters/ddp_bucket_cap_mb/ddp_broadcast_buffers/ddp_static_graph "
+                          "configure DistributedDataParallel, but fsdp is on (FSDP does not take them).")
+
+
+def _check_data_loading(args: Any) -> None:
+    args.train_sampling_strategy = check_choice("train_sampling_strategy", args.train_sampling_strategy,
+                                                SAMPLING_STRATEGIES, where=WHERE)
+    if args.train_sampling_strategy == "batch_rebalance":
+        raise ConfigError(f"train_sampling_strategy='batch_rebalance' in {WHERE} deals batches to ranks inside the "
+                          "sampler, but trainkit's engine shards every sampler across ranks itself; use "
+                          "'group_by_length' for length-grouped batches.")
+    workers = args.dataloader_num_workers
+    if args.dataloader_multiprocessing_context is not None:
+        check_choice("dataloader_multiprocessing_context", args.dataloader_multiprocessing_context,
+                     WORKER_START_METHODS, where=WHERE)
+        if not workers:
+            raise ConfigError(f"dataloader_multiprocessing_context in {WHERE} needs dataloader_num_workers > 0.")
+    if not args.dataloader_in_order and not workers:
+        raise ConfigError(f"dataloader_in_order=False in {WHERE} needs dataloader_num_workers > 0 (it reorders "
+                          "worker batches).")
+
+
+def _check_evaluation(args: Any) -> None:
+    if args.bf16_full_eval and args.fp16_full_eval:
+        raise ConfigError(f"{WHERE}: bf16_full_eval=True and fp16_full_eval=True contradict each other; choose one.")
+    if args.batch_eval_metrics and not args.eval_do_concat_batches:
+        raise ConfigError(f"{WHERE}: batch_eval_metrics=True computes metrics batch by batch, so nothing is "
+                          "concatenated; leave eval_do_concat_batches at True.")
+
+
+def _apply_tf32(tf32: bool | None, use_cpu: bool) -> None:
+    """tf32=True needs an Ampere+ GPU; False turns TF32 off (meaningful wherever CUDA exists, harmless elsewhere)."""
+    if tf32 is None:
+        return
+    import torch
+
+    if tf32:
+        if use_cpu or not _has_cuda() or torch.cuda.get_device_capability()[0] < 8:
+            raise ConfigError(f"tf32=True in {WHERE} needs an Ampere or newer NVIDIA GPU (compute capability >= 8.0); "
+                              "this run has none. Leave tf32 unset.")
+    torch.backends.cuda.matmul.allow_tf32 = bool(tf32)
+    torch.backends.cudnn.allow_tf32 = bool(tf32)
+
+
+def _load_accelerator_config(value: Any) -> dict[str, Any]:
+    """accelerator_config (None, dict, JSON string or JSON file) -> a checked dict."""
+    if value is None:
+        return {}
+    if hasattr(value, "to_dict"):
+        value = value.to_dict()
+    if isinstance(value, str):
+        if value.lstrip().startswith("{"):
+            value = _json_dict("accelerator_config", value)
+        elif os.path.isfile(value):
+            with open(value, encoding="utf-8") as handle:
+                value = _json_dict("accelerator_config", handle.read())
+        else:
+            raise ConfigError(f"accelerator_config={value!r} in {WHERE} is neither a JSON object nor an existing file.")
+    config = dict(value)
+    for key in config:
+        check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where=WHERE)
+    if config.get("gradient_accumulation_kwargs"):
+        raise ConfigError(f"accelerator_config['gradient_accumulation_kwargs'] in {WHERE}: the Trainer accumulates "
+                          "gradients itself (gradient_accumulation_steps), so these engine options do not apply.")
+    return config
+
+
+def _parse_debug(value: Any) -> list[str]:
+    items = value.split() if isinstance(value, str) else [getattr(v, "value", v) for v in (value or [])]
+    items = [check_choice("debug", item, DEBUG_OPTIONS, where=WHERE) for item in items]
+    if "tpu_metrics_debug" in items:
+        raise ConfigError(f"debug='tpu_metrics_debug' in {WHERE} needs a TPU (torch_xla), which trainkit does not drive.")
+    return items
+
+
+def _json_dict(name: str, text: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{name!r} in {WHERE} looks like JSON but does not parse: {error}.") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"{name!r} in {WHERE} must be a JSON object, got {type(parsed).__name__}.")
+    return parsed
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _has_accelerator() -> bool:
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    return bool(accelerator and accelerator.is_available()) or torch.cuda.is_available()
+
+
+class ProcessAttributes:
+    """What scripts read from TrainingArguments about this process, answered by the engine's process state.
+
+    Reading any of these creates the process state (and, under a multi-process launch, the process group with
+    ``ddp_backend`` and ``ddp_timeout``), as transformers does when its arguments set up the devices.
+    """
+
+    def _process_state(self) -> Any:
+        from trainkit.config import load_launch_config_from_env
+        from trainkit.engine.state import ProcessState
+
+        launch = load_launch_config_from_env()
+        cpu = True if self.use_cpu or (launch is not None and launch.use_cpu) else None  # None: not asked for
+        return ProcessState.get(cpu=cpu, backend=self.ddp_backend, timeout=self.ddp_timeout_if_set)
+
+    @property
+    def ddp_timeout_delta(self) -> timedelta:
+        """``ddp_timeout`` as a timedelta."""
+        return timedelta(seconds=self.ddp_timeout)
+
+    @property
+    def ddp_timeout_if_set(self) -> timedelta | None:
+        """``ddp_timeout`` when changed from transformers' default (1800 s); None lets the launcher's
+        ``collective_timeout`` or the engine's default decide, as for any setting left unset."""
+        return None if self.ddp_timeout == DEFAULT_DDP_TIMEOUT_S else self.ddp_timeout_delta
+
+    @property
+    def process_index(self) -> int:
+        """Global rank of this process."""
+        return self._process_state().rank
+
+    @property
+    def local_process_index(self) -> int:
+        """Rank of this process on its machine."""
+        return self._process_state().local_rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes."""
+        return self._process_state().world_size
+
+    @property
+    def device(self) -> Any:
+        """This process's torch.device."""
+        return self._process_state().device
+
+    @property
+    def n_gpu(self) -> int:
+        """GPUs this process uses: 1 on a GPU (one per process; trainkit never uses DataParallel), else 0."""
+        return 1 if self.device.type == "cuda" else 0
+
+    @property
+    def parallel_mode(self) -> Any:
+        """transformers' ParallelMode: DISTRIBUTED with several processes, else NOT_PARALLEL."""
+        from transformers.training_args import ParallelMode
+
+        return ParallelMode.DISTRIBUTED if self.world_size > 1 else ParallelMode.NOT_PARALLEL
+
+    @property
+    def should_log(self) -> bool:
+        """Whether this process logs: the first of each machine (log_on_each_node) or only the global first."""
+        return self.local_process_index == 0 if self.log_on_each_node else self.process_index == 0
+
+    @property
+    def should_save(self) -> bool:
+        """Whether this process writes files: the first of each machine (save_on_each_node) or the global first."""
+        return self.local_process_index == 0 if self.save_on_each_node else self.process_index == 0
+
+    def get_process_log_level(self) -> int:
+        """The logging level for this process: log_level where it logs, log_level_replica elsewhere ('passive'
+        keeps transformers' current verbosity)."""
+        from transformers.utils import logging as hf_logging
+
+        name = self.log_level if self.should_log else self.log_level_replica
+        return hf_logging.get_verbosity() if name == "passive" else getattr(logging, name.upper())
+
+    @property
+    def train_batch_size(self) -> int:
+        """Training batch size per process (trainkit never uses DataParallel)."""
+        return self.per_device_train_batch_size
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Evaluation batch size per process."""
+        return self.per_device_eval_batch_size
+
+    def get_warmup_steps(self, num_training_steps: int) -> int:
+        """Warm-up steps for ``num_training_steps`` (a warmup_steps below 1 is a ratio), as transformers."""
+        return self.warmup_steps_for(num_training_steps)
+
+    def to_sanitized_dict(self) -> dict[str, Any]:
+        """The arguments with values TensorBoard's hparams accept (others as strings)."""
+        plain = (bool, int, float, str)
+        return {k: v if isinstance(v, plain) else str(v) for k, v in self.to_dict().items()}
