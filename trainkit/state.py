@@ -33,7 +33,7 @@ class PartialState(metaclass=_SharedStateAlias):
     target = ProcessState
 
     def __new__(cls, cpu: bool = False, **kwargs: Any) -> ProcessState:  # type: ignore[misc]
-        return ProcessState.get(cpu=cpu)
+        return ProcessState.get(cpu=cpu or None)  # False is Accelerate's default, not a request: --cpu applies
 
     @staticmethod
     def _reset_state() -> None:
@@ -46,7 +46,7 @@ class AcceleratorState(PartialState):
     the newest Accelerator (``distributed_type``, ``mixed_precision``, ``fsdp_plugin``)."""
 
     def __new__(cls, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> ProcessState:  # type: ignore[misc]
-        state = ProcessState.get(cpu=cpu)
+        state = ProcessState.get(cpu=cpu or None)
         if mixed_precision is not None and mixed_precision != state.mixed_precision:
             raise ValueError(f"AcceleratorState(mixed_precision={mixed_precision!r}): the Accelerator already uses "
                              f"{state.mixed_precision!r}; set it with Accelerator(mixed_precision=...).")

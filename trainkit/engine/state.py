@@ -213,8 +213,3 @@ class ProcessState(AccelerateStateAPI):
             f"ProcessState(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank}, "
             f"device={self.device}, backend={self.backend}, launcher={self.launch.source})"
         )
-
-
-def PartialState(cpu: bool = False, **kwargs: object) -> ProcessState:  # noqa: N802 - Accelerate's class name
-    """Accelerate's ``PartialState()``: the process's shared state, created on first use."""
-    return ProcessState.get(cpu=cpu or None)  # False is Accelerate's default, not a request: the launcher's --cpu applies
