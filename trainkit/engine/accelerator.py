@@ -435,6 +435,9 @@ class Accelerator:
             data = collectives.gather_object(input_data)
         else:
             data = collectives.gather(input_data)
+        real_counts = self.gradient_state.real_counts
+        if real_counts is not None and sum(real_counts) < _rows(data):
+            return collectives.keep_real_rows(data, real_counts)
         remainder = self.gradient_state.remainder
         if self.gradient_state.end_of_dataloader and remainder > 0:
             data = data[:remainder] if isinstance(data, list) else collectives.truncate(data, remainder)
@@ -628,6 +631,16 @@ def _is_scheduler(obj: Any) -> bool:
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
         hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
     )
+
+
+def _rows(data: Any) -> int:
+    """Rows (first dimension) of a gathered nest: a list's length, else its first tensor's."""
+    if isinstance(data, list) and not any(isinstance(leaf, torch.Tensor) for leaf in _leaves(data)):
+        return len(data)
+    for leaf in _leaves(data):
+        if isinstance(leaf, torch.Tensor):
+            return leaf.shape[0] if leaf.ndim else 1
+    return len(data) if isinstance(data, list) else 0
 
 
 def _leaves(data: Any) -> Iterator[Any]:

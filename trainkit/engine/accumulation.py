@@ -47,6 +47,12 @@ class GradientState:
         loader = self.active_dataloader
         return loader.remainder if loader is not None else -1
 
+    @property
+    def real_counts(self) -> list[int] | None:
+        """For a streamed loader: real rows of the current batch on each rank (the rest is padding); else None."""
+        loader = self.active_dataloader
+        return getattr(loader, "real_counts", None) if loader is not None else None
+
     def push(self, loader: PreparedDataLoader) -> None:
         """Called by a prepared dataloader when its iteration starts."""
         self._dataloaders.append(loader)

@@ -131,3 +131,26 @@ def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any
 def truncate(data: Any, length: int) -> Any:
     """Keep the first ``length`` rows of every tensor (drops the padding of the last global batch)."""
     return recursively_apply(lambda t: t[:length], data)
+
+
+def keep_real_rows(data: Any, real_counts: list[int]) -> Any:
+    """From rows gathered in rank order (equal parts per rank), keep the first ``real_counts[r]`` of rank r's part."""
+    def keep(rows: Any) -> Any:
+        per_rank = len(rows) // len(real_counts)
+        index = [r * per_rank + i for r, count in enumerate(real_counts) for i in range(min(count, per_rank))]
+        if isinstance(rows, torch.Tensor):
+            return rows[torch.tensor(index, dtype=torch.long, device=rows.device)]
+        return [rows[i] for i in index]
+
+    if isinstance(data, list) and not any(isinstance(x, torch.Tensor) for x in data):
+        return keep(data)
+    return recursively_apply(keep, data)
+
+
+def scatter_object(objects: list[Any] | None, from_process: int = 0) -> Any:
+    """``objects[rank]`` on each process, sent from ``from_process`` (which alone passes the list)."""
+    if _world() == 1:
+        return objects[0] if objects else None
+    received: list[Any] = [None]
+    dist.scatter_object_list(received, objects if dist.get_rank() == from_process else None, src=from_process)
+    return received[0]

@@ -99,8 +99,9 @@ def resolve_compat_options(
 def announce_dataloader_options(config: DataLoaderConfiguration, project: ProjectConfiguration) -> None:
     """One line for each option that changes nothing in trainkit (see docs/migrating-from-accelerate.md)."""
     if config.dispatch_batches:
-        logger.warning("DataLoaderConfiguration(dispatch_batches=True): each process reads its own part of every "
-                       "batch instead of receiving it from the main process; the batches are the same.")
+        logger.warning("DataLoaderConfiguration(dispatch_batches=True): iterable datasets are read by the main "
+                       "process and dispatched; map-style datasets are read by each process (its own part of the "
+                       "same batches).")
     if not config.use_seedable_sampler:
         logger.warning("DataLoaderConfiguration(use_seedable_sampler=False): trainkit always shuffles with a seeded "
                        "sampler (same order on every process, resumable).")

@@ -1,7 +1,8 @@
 """Pure functions that turn FSDP options into FSDP2 calls: wrap units, meshes, sharding, prefetch, loading.
 
 Nothing here holds state: :class:`trainkit.engine.strategies.fsdp.FSDPStrategy` calls these in order
-(choose units -> place or meta-move -> checkpoint activations -> ``fully_shard`` bottom-up -> load
+(choose units, keeping tied parameters in one group -> place or meta-move (re-tying) -> one dtype per
+group -> checkpoint activations -> ``fully_shard`` bottom-up -> load
 rank 0's weights -> wire prefetching). Each function does one FSDP2 step and can be tested alone.
 """
 
@@ -126,6 +127,98 @@ def _collect_by_size(module: nn.Module, root: nn.Module, decide: Callable[[nn.Mo
         chosen.add(id(module))
         return 0
     return remaining
+
+
+# -- shared (tied) parameters and dtypes --------------------------------------------------------------
+def _reachable_parameters(module: nn.Module, skipped: nn.Module | None = None) -> set[int]:
+    """ids of the parameters reachable from ``module`` without entering ``skipped``."""
+    found: set[int] = set()
+    stack, visited = [module], set()
+    while stack:
+        current = stack.pop()
+        if current is skipped or id(current) in visited:
+            continue
+        visited.add(id(current))
+        found.update(id(p) for p in current._parameters.values() if p is not None)
+        stack.extend(current._modules.values())
+    return found
+
+
+def keep_shared_parameters_together(model: nn.Module, units: Sequence[nn.Module]) -> list[nn.Module]:
+    """Drop every unit holding a parameter that is also reachable from outside it.
+
+    FSDP2 manages each parameter in exactly one group and refuses a tied parameter split across two
+    (GPT-2's ``wte``/``lm_head``, T5's ``shared``/``embed_tokens``). A dropped unit's parameters fall to
+    the nearest enclosing unit, else to the root, so modules sharing a parameter always share a group,
+    whatever the wrap policy chose.
+    """
+    kept, dropped = [], []
+    for unit in dict.fromkeys(units):  # a module reachable under two names is one unit
+        inside = _reachable_parameters(unit)
+        if inside & _reachable_parameters(model, skipped=unit):
+            dropped.append(unit)
+        else:
+            kept.append(unit)
+    if dropped:
+        logger.info("FSDP: %d unit(s) hold tied parameters and stay with their parent: %s",
+                    len(dropped), describe_units(dropped, model))
+    return kept
+
+
+def parameter_ties(model: nn.Module) -> dict[str, str]:
+    """``{name: first name}`` for every parameter reachable under a second name (tied weights)."""
+    first: dict[int, str] = {}
+    ties = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in first:
+            ties[name] = first[id(param)]
+        else:
+            first[id(param)] = name
+    return ties
+
+
+def restore_parameter_ties(model: nn.Module, ties: dict[str, str]) -> None:
+    """Point each tied name at its first name's parameter again (``Module.to("meta")`` unties them)."""
+    for name, source in ties.items():
+        owner_name, _, attribute = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        setattr(owner, attribute, model.get_parameter(source))
+
+
+def unify_group_dtypes(model: nn.Module, units: Sequence[nn.Module]) -> None:
+    """Cast each FSDP group's trainable floating parameters to one dtype (the widest) before sharding.
+
+    FSDP2 all-gathers and reduce-scatters one flat buffer per group and refuses trainable parameters of
+    several dtypes in a group (an AssertionError at the first forward). Widening loses no precision;
+    frozen parameters keep their dtype (FSDP2 accepts them mixed). Logged once per cast.
+    """
+    unit_ids = {id(unit) for unit in units}
+    for group in [*units, model]:
+        params = _group_parameters(group, unit_ids)
+        dtypes = {p.dtype for p in params if p.requires_grad and p.is_floating_point()}
+        if len(dtypes) < 2:
+            continue
+        widest = max(dtypes, key=lambda dtype: (torch.finfo(dtype).bits, torch.finfo(dtype).max))
+        for param in params:
+            if param.requires_grad and param.is_floating_point() and param.dtype != widest:
+                param.data = param.data.to(widest)
+        logger.warning("FSDP: trainable parameters of %s had dtypes %s; cast to %s (FSDP2 needs one dtype per "
+                       "unit).", describe_units([group], model)[0] if group is not model else "the root",
+                       sorted(str(d) for d in dtypes), widest)
+
+
+def _group_parameters(group: nn.Module, unit_ids: set[int]) -> list[nn.Parameter]:
+    """Parameters that ``fully_shard(group)`` manages: reachable without entering another unit."""
+    params: dict[int, nn.Parameter] = {}
+    stack, visited = [group], set()
+    while stack:
+        current = stack.pop()
+        if id(current) in visited or (current is not group and id(current) in unit_ids):
+            continue
+        visited.add(id(current))
+        params.update((id(p), p) for p in current._parameters.values() if p is not None)
+        stack.extend(current._modules.values())
+    return list(params.values())
 
 
 # -- policies ---------------------------------------------------------------------------------------

@@ -44,3 +44,17 @@ def accumulation_windows(batches: Iterable[Any], size: int) -> Iterator[list[Any
             window = []
     if window:
         yield window
+
+
+def length_or_none(dataloader: Any) -> int | None:
+    """``len(dataloader)``, or None for a stream without a length."""
+    try:
+        return len(dataloader)
+    except TypeError:
+        return None
+
+
+def loader_epoch(dataloader: Any) -> int:
+    """The epoch a loader stands in (a restored stream's), where steps per epoch are unknown."""
+    progress = getattr(dataloader, "progress", None)
+    return progress.epoch if progress is not None else 0

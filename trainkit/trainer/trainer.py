@@ -34,7 +34,9 @@ from .callbacks import (
 )
 from .data import (
     ItemCounter,
+    accepted_columns,
     call_model,
+    collator_dropping_unknown_columns,
     default_collator,
     default_label_names,
     loss_from_outputs,
@@ -47,7 +49,7 @@ from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
 from .meter import TrainingMeter
 from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
-from .plan import TrainingPlan, accumulation_windows, training_plan
+from .plan import TrainingPlan, accumulation_windows, length_or_none, loader_epoch, training_plan
 
 logger = logging.getLogger(__name__)
 
@@ -180,14 +182,17 @@ class Trainer:
             dataset = remove_unused_columns(dataset, self.model, self.label_names, description)
         return dataset
 
-    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool, sampler: Any = None) -> DataLoader:
+    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool, sampler: Any = None,
+                    description: str = "data") -> DataLoader:
         args = self.args
-        iterable = isinstance(dataset, IterableDataset)
+        iterable = isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
         if sampler is None and not iterable:
             sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
         workers = args.dataloader_num_workers
+        wanted = args.remove_unused_columns and accepted_columns(self.model, self.label_names)
+        collate_fn = collator_dropping_unknown_columns(self.data_collator, dataset, wanted, description)
         loader = DataLoader(
-            dataset, batch_size=batch_size, sampler=sampler, collate_fn=self.data_collator, drop_last=drop_last,
+            dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last,
             num_workers=workers, pin_memory=args.dataloader_pin_memory and torch.cuda.is_available(),
             persistent_workers=args.dataloader_persistent_workers if workers else False,
             prefetch_factor=args.dataloader_prefetch_factor if workers else None,
@@ -201,7 +206,7 @@ class Trainer:
             raise ValueError("Trainer.train() needs a train_dataset.")
         dataset = self._prepare_dataset(self.train_dataset, "training")
         return self._dataloader(dataset, self.args.per_device_train_batch_size, True, self.args.dataloader_drop_last,
-                                sampler=wiring.train_sampler(self, dataset))
+                                sampler=wiring.train_sampler(self, dataset), description="training")
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         """The evaluation DataLoader (in order, nothing dropped), built once per dataset."""
@@ -211,13 +216,14 @@ class Trainer:
         key = id(dataset)
         if key not in self._eval_dataloaders:
             prepared = self._prepare_dataset(dataset, "evaluation")
-            self._eval_dataloaders[key] = self._dataloader(prepared, self.args.per_device_eval_batch_size, False, False)
+            self._eval_dataloaders[key] = self._dataloader(
+                prepared, self.args.per_device_eval_batch_size, False, False, description="evaluation")
         return self._eval_dataloaders[key]
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """The prediction DataLoader for ``test_dataset`` (in order, nothing dropped)."""
         dataset = self._prepare_dataset(test_dataset, "prediction")
-        return self._dataloader(dataset, self.args.per_device_eval_batch_size, False, False)
+        return self._dataloader(dataset, self.args.per_device_eval_batch_size, False, False, description="prediction")
 
     # ------------------------------------------------------------------ optimizer and schedule
 
@@ -310,7 +316,7 @@ class Trainer:
         if args.eval_on_start:
             self._evaluate_during_training(ignore_keys_for_eval)
         start, start_step = time.perf_counter(), state.global_step
-        first_epoch = state.global_step // plan.steps_per_epoch if plan.steps_per_epoch else 0
+        first_epoch = state.global_step // plan.steps_per_epoch if plan.steps_per_epoch else loader_epoch(train_dataloader)
         for epoch in range(first_epoch, plan.num_epochs):
             steps_in_epoch = start_at.steps_done_in_epoch if epoch == first_epoch else 0
             batches = self._epoch_batches(train_dataloader, epoch, start_at.batches_to_skip if epoch == first_epoch else 0)
@@ -506,7 +512,7 @@ class Trainer:
         output = evaluation_loop(self, dataloader, "Evaluation", True if self.compute_metrics is None else None,
                                  ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
-        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, len(dataloader) if hasattr(dataloader, "__len__") else None))
+        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
         self._memory_tracker.stop_and_update_metrics(metrics)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
@@ -521,7 +527,7 @@ class Trainer:
         start = time.perf_counter()
         output = evaluation_loop(self, dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
-        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, len(dataloader) if hasattr(dataloader, "__len__") else None))
+        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=metrics)
         return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=metrics)
 

@@ -28,15 +28,16 @@ class DataLoaderConfiguration:
         must be a multiple of the number of processes); otherwise each process gets whole batches.
     even_batches: pad the last global batch with samples from the start of the epoch so every process
         gets batches of the same size (``gather_for_metrics`` drops the padding again).
-    dispatch_batches: Accelerate reads every batch on the main process and sends each process its
-        part. trainkit gives every process exactly those batches by reading its own part; True is
-        accepted with a one-line notice (see docs/migrating-from-accelerate.md).
     use_seedable_sampler: trainkit always replaces a ``RandomSampler`` by a seeded one (same order on
         every rank, resumable), so this is True by default; False is accepted with a one-line notice.
     non_blocking: copy batches to the device with ``non_blocking=True``.
     data_seed: seed of the shuffling order; default: drawn from torch's RNG (so ``set_seed`` fixes it).
     use_stateful_dataloader: save the dataloader's exact position in ``save_state`` and continue from
         it in ``load_state`` (see docs/checkpoints.md).
+    dispatch_batches: for an iterable dataset, True makes the main process read every global batch and
+        send each process its slice (the others read nothing); None or False (trainkit's default, unlike
+        Accelerate's) lets every process read only its own shards — see docs/streaming.md. For a map-style
+        dataset every process reads its own part of the same batches (True: a one-line notice says so).
     """
 
     split_batches: bool = False

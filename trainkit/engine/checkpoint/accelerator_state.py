@@ -101,10 +101,12 @@ def write_state_files(accelerator: Any, directory: str, sharded: bool | None = N
         use_sharded = _wants_sharded(accelerator, owner, sharded)
         model_state.save_optimizer(owner, optimizer, directory, index, use_sharded, main)
         layout["optimizers"].append("sharded" if use_sharded else "full")
+    # Every rank asks: a streamed loader's position gathers all ranks' readers (a collective).
+    loader_states = [loader.state_dict() for loader in loaders]
     if main:
         for index, scheduler in enumerate(accelerator._schedulers):
             state_io.save_state(scheduler.state_dict(), directory, f"scheduler{'' if index == 0 else f'_{index}'}")
-        state_io.save_state([loader.state_dict() for loader in loaders], directory, "dataloaders")
+        state_io.save_state(loader_states, directory, "dataloaders")
         state_io.save_state(accelerator.precision.state_dict(), directory, "scaler")
         for index, obj in enumerate(accelerator._custom_objects):
             state_io.save_state(obj.state_dict(), directory, f"custom_checkpoint_{index}")

@@ -230,12 +230,10 @@ def _tensor_keys(skeleton: Any) -> list[str]:
 def _check_optimizer_params(what: str, model: nn.Module, optimizer: torch.optim.Optimizer, saved_groups: list[Any]) -> None:
     """The checkpoint's parameter groups must name the optimizer's parameters (compared as sets of names)."""
     names = _parameter_names(model)
-    current = [{name for p in group["params"] for name in names.get(id(p), [f"<unnamed {id(p)}>"])}
-               for group in optimizer.param_groups]
     saved = [set(group.get("params", [])) for group in saved_groups]
-    if len(saved) != len(current):
+    if len(saved) != len(optimizer.param_groups):
         raise CheckpointMismatchError(
-            f"{what} (it has {len(saved)} parameter groups, the optimizer {len(current)})", [], [], [])
+            f"{what} (it has {len(saved)} parameter groups, the optimizer {len(optimizer.param_groups)})", [], [], [])
     flat_saved = set().union(*saved)
     # A tied parameter (GPT-2's lm_head.weight is wte.weight) has several names; the checkpoint records one.
     aliases = [names.get(id(p), [f"<unnamed {id(p)}>"]) for group in optimizer.param_groups for p in group["params"]]

@@ -10,6 +10,8 @@ from torch.utils.data import BatchSampler, DataLoader
 from .device import send_to_device
 from .loader import DataProgress, PreparedDataLoader, prepare_data_loader
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
+from .stream_sources import ShardedIterable
+from .streams import StreamShard
 
 
 class _SkipBatchSampler(BatchSampler):
@@ -46,6 +48,8 @@ __all__ = [
     "PreparedDataLoader",
     "SeedableRandomSampler",
     "ShardedBatchSampler",
+    "ShardedIterable",
+    "StreamShard",
     "prepare_data_loader",
     "send_to_device",
     "skip_batches",

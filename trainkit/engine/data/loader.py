@@ -1,10 +1,13 @@
 """Prepared dataloaders: per-rank sharding, device placement, epoch seeding and a resumable position.
 
-``prepare_data_loader`` rebuilds the user's DataLoader around a :class:`ShardedBatchSampler` (or an
-:class:`IterableDatasetShard`) and returns a :class:`PreparedDataLoader`, still a ``DataLoader``
+``prepare_data_loader`` rebuilds the user's DataLoader around a :class:`ShardedBatchSampler` (or a
+:class:`~.streams.StreamShard`) and returns a :class:`PreparedDataLoader`, still a ``DataLoader``
 with the same ``dataset``, ``len()`` and collate function. Its position is a cursor in samples of
 the global stream plus the epoch, so a checkpoint resumes the exact next batch on any world size
 with the same global batch, by skipping indices, not by loading the skipped batches.
+An iterable dataset's rank (and each worker) reads only its own shards, and its position is the
+stream's own cursor (see :mod:`.streams`); with ``dispatch_batches`` the main process reads for all
+(see :mod:`.dispatch`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 from .device import send_to_device
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
+from .dispatch import dispatched_batches
+from .streams import StreamShard, TaggedCollate, agreement_device, stream_batches
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +66,8 @@ class PreparedDataLoader(DataLoader):
         # model's random stream (dropout...) does not depend on when iterators are built.
         self._loader_generator = torch.Generator()
         super().__init__(dataset, generator=self._loader_generator, **kwargs)
+        self.dispatch_to: tuple[int, int] | None = None
+        """(num_processes, process_index) when the main process reads and sends each rank its slice."""
         self.device = device
         self.gradient_state = gradient_state
         self.global_batch_size = global_batch_size
@@ -71,25 +78,49 @@ class PreparedDataLoader(DataLoader):
         self.remainder = -1
         self._expected_batches: int | None = None
         self._yielded = 0
+        self._stream_skip = 0
+        self.real_counts: list[int] | None = None
+        """For a stream: real (not padding) rows of the current batch on each rank; None otherwise."""
 
     # -- position ---------------------------------------------------------------------------------
     @property
     def _shard(self) -> ShardedBatchSampler | IterableDatasetShard | None:
         return self.dataset if isinstance(self.dataset, IterableDatasetShard) else self.batch_sampler
 
+    @property
+    def is_stream(self) -> bool:
+        """True for an iterable dataset read shard by shard (its position is the stream's cursor)."""
+        return isinstance(self.dataset, StreamShard)
+
+    @property
+    def _stream(self) -> StreamShard:
+        assert isinstance(self.dataset, StreamShard)
+        return self.dataset
+
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration use ``epoch``'s shuffling order (called for you at each new pass)."""
         if epoch != self.progress.epoch:
             self.progress.move_to(epoch)
 
-    def state_dict(self) -> dict[str, int]:
-        """The position to store in a checkpoint, with the shuffling seed that gives it meaning."""
-        return {**self.progress.state_dict(), "seed": self.seed}
+    def state_dict(self) -> dict[str, Any]:
+        """The position to store in a checkpoint, with the shuffling seed that gives it meaning.
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+        Collective for a stream (every rank's readers are gathered): call it on every process.
+        """
+        state: dict[str, Any] = {**self.progress.state_dict(), "seed": self.seed}
+        if self.is_stream:
+            state["stream"] = self._stream.state_dict(self.progress.epoch)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a stored position: the next iteration starts at its next sample."""
         if "seed" in state:
             self._set_seed(int(state["seed"]))
+        if self.is_stream:
+            if "stream" not in state:
+                raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
+            self._stream.seed = self.seed
+            self._stream.load_state_dict(state["stream"])
         self.progress.move_to(int(state["epoch"]), int(state["samples_seen"]))
 
     def _set_seed(self, seed: int) -> None:
@@ -116,22 +147,36 @@ class PreparedDataLoader(DataLoader):
             self.dataset.set_epoch(epoch)
         skip = self.progress.pending_skip
         self.progress.pending_skip = 0
-        self.progress.samples_seen = skip
-        if self._shard is not None:  # None: an unbatched loader (batch_size=None) on one process
-            self._shard.skip_samples = skip
+        if self.is_stream or self.dispatch_to:
+            # A stream placed by load_state_dict continues from its readers' cursors; one moved back to the
+            # start of its epoch (move_to) starts afresh; skip_first_batches alone reads and drops batches.
+            restored = self.is_stream and bool(skip) and self._stream.has_restored(epoch)
+            if self.is_stream:
+                self._stream.begin(epoch, use_restored=restored)
+            self._stream_skip = 0 if restored or not self.global_batch_size else skip // self.global_batch_size
+            self.progress.samples_seen = skip
+        else:
+            self.progress.samples_seen = skip
+            if self._shard is not None:  # None: an unbatched loader (batch_size=None) on one process
+                self._shard.skip_samples = skip
         self._loader_generator.manual_seed(self.seed * 1_000_003 + epoch)
         self._yielded = 0
         self.end_of_dataloader = False
         self.remainder = -1
         try:
             skipped = skip // self.global_batch_size if self.global_batch_size else 0
-            self._expected_batches = len(self) - skipped
+            # A stream's length is an estimate (its shards' sizes are unknown): windows end where it ends.
+            self._expected_batches = None if self.is_stream else len(self) - skipped
         except TypeError:
             self._expected_batches = None
 
     def __iter__(self) -> Iterator[Any]:
         self._begin_iteration()
-        iterator = super().__iter__()
+        iterator: Iterator[tuple[Any, list[int] | None, Any]]
+        if self.is_stream or self.dispatch_to:
+            iterator = self._stream_iterator()
+        else:
+            iterator = ((batch, None, None) for batch in super().__iter__())
         self.gradient_state.push(self)
         finished = False
         try:
@@ -141,16 +186,38 @@ class PreparedDataLoader(DataLoader):
                 self._yielded += 1
                 if upcoming is _END:
                     self.end_of_dataloader = True
-                    self.remainder = self._shard.final_real_samples if self._shard is not None else -1
+                    if not (self.is_stream or self.dispatch_to):
+                        self.remainder = self._shard.final_real_samples if self._shard is not None else -1
                 if self.global_batch_size:
                     self.progress.samples_seen += self.global_batch_size
-                yield send_to_device(current, self.device, self.non_blocking) if self.device is not None else current
+                batch, self.real_counts, cursor = current  # type: ignore[misc]  # not _END here
+                if self.is_stream:
+                    self._stream.advance(cursor)
+                yield send_to_device(batch, self.device, self.non_blocking) if self.device is not None else batch
                 current = upcoming
             finished = True
         finally:
             self.gradient_state.pop(self)
             if finished:
                 self.progress.move_to(self.progress.epoch + 1)
+
+    def _stream_iterator(self) -> Iterator[tuple[Any, list[int] | None, Any]]:
+        """The stream's batches, agreed across ranks; batches skipped by ``skip_first_batches`` are read and dropped."""
+        batches: Iterator[tuple[Any, list[int], Any]]
+        if self.dispatch_to:
+            world, rank = self.dispatch_to
+            # Only the main process reads (with the global batch size); the others receive their slices.
+            batches = dispatched_batches(super().__iter__() if rank == 0 else None, world, rank,
+                                         (self.global_batch_size or world) // world)
+        else:
+            stream = self._stream
+            agree = stream.pad and stream.num_processes > 1
+            batches = stream_batches(super().__iter__(), stream, agree, agreement_device())
+        for _ in range(self._stream_skip):
+            skipped = next(batches, None)
+            if skipped is not None and self.is_stream:
+                self._stream.advance(skipped[2])
+        return batches
 
     def skip_first_batches(self, num_batches: int) -> PreparedDataLoader:
         """A view of this loader whose next iteration starts ``num_batches`` batches into the epoch."""
@@ -207,15 +274,11 @@ def prepare_data_loader(
         kwargs["pin_memory"] = True
     common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking or on_gpu)
     dataset = dataloader.dataset
-    if isinstance(dataset, IterableDataset):
-        batch_size = dataloader.batch_size
-        if config.split_batches:
-            batch_size = _split_size(batch_size, num_processes)
-        shard = IterableDatasetShard(dataset, batch_size, num_processes, process_index,
-                                     drop_last=dataloader.drop_last, even_batches=config.even_batches)
-        global_size = batch_size * num_processes if batch_size else None
-        return PreparedDataLoader(shard, batch_size=batch_size, drop_last=dataloader.drop_last,
-                                  global_batch_size=global_size, **common, **kwargs)
+    if isinstance(dataset, IterableDataset) or _is_stream(dataset):
+        return _prepare_stream(dataloader, num_processes, process_index, config, seed, common, kwargs)
+    if config.dispatch_batches and process_index == 0:
+        logger.info("dispatch_batches=True applies to iterable datasets; this map-style dataset is split by indices, "
+                    "so each process loads only its own samples anyway.")
     if dataloader.batch_sampler is None:
         if num_processes > 1:
             raise ConfigError("A DataLoader with batch_size=None cannot be sharded across processes; "
@@ -230,6 +293,45 @@ def prepare_data_loader(
                                   split_batches=config.split_batches, even_batches=config.even_batches)
     global_size = None if batch_size is None else (batch_size if config.split_batches else batch_size * num_processes)
     return PreparedDataLoader(dataset, batch_sampler=sharded, global_batch_size=global_size, **common, **kwargs)
+
+
+def _is_stream(dataset: Any) -> bool:
+    """A ``datasets.IterableDataset`` is a torch IterableDataset only once torch is imported first; check by name."""
+    return type(dataset).__name__ == "IterableDataset" and (type(dataset).__module__ or "").startswith("datasets.")
+
+
+def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: int, config: DataLoaderConfiguration,
+                    seed: int, common: dict[str, Any], kwargs: dict[str, Any]) -> PreparedDataLoader:
+    """A loader over a :class:`StreamShard`: this rank's workers read only this rank's shards."""
+    batch_size = dataloader.batch_size
+    if batch_size is None:
+        raise ConfigError("An iterable dataset needs a DataLoader with a batch_size to be sharded across processes.")
+    if config.split_batches:
+        batch_size = _split_size(batch_size, num_processes)
+    if config.dispatch_batches:
+        prepared = PreparedDataLoader(dataloader.dataset, batch_size=batch_size * num_processes,
+                                      drop_last=dataloader.drop_last, global_batch_size=batch_size * num_processes,
+                                      **common, **kwargs)
+        prepared.dispatch_to = (num_processes, process_index)
+        return prepared
+    workers = kwargs.get("num_workers", 0)
+    if kwargs.get("persistent_workers"):
+        # Workers keep the dataset they were started with, so a new epoch's shard deal or a resumed
+        # position would never reach them.
+        logger.warning("persistent_workers=True is turned off for a streamed dataset: each epoch deals its shards anew.")
+        kwargs["persistent_workers"] = False
+    if getattr(config, "use_stateful_dataloader", False) and process_index == 0:
+        logger.warning("use_stateful_dataloader=True: a streamed dataset's position is already saved by trainkit's own "
+                       "per-reader cursor (exact with workers, on any number of processes); torchdata is not used.")
+    kwargs["collate_fn"] = TaggedCollate(kwargs.get("collate_fn") or torch.utils.data.default_collate)
+    stream = StreamShard(dataloader.dataset, batch_size=batch_size, num_processes=num_processes,
+                         process_index=process_index, num_workers=workers, drop_last=dataloader.drop_last,
+                         even_batches=config.even_batches, seed=seed)
+    if stream.mode == "positions" and num_processes > 1 and process_index == 0:
+        logger.info("The iterable dataset has no shards (or fewer than the %d processes): every process reads the "
+                    "whole stream and keeps 1 example in %d.", num_processes, stream.num_readers)
+    return PreparedDataLoader(stream, batch_size=batch_size, drop_last=dataloader.drop_last,
+                              global_batch_size=batch_size * num_processes, **common, **kwargs)
 
 
 def _split_size(batch_size: int | None, num_processes: int) -> int:

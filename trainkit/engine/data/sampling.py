@@ -162,7 +162,11 @@ def _split(batch: list[int], parts: int) -> list[list[int]]:
 
 
 class IterableDatasetShard(IterableDataset):
-    """This rank's slice of each global batch of an iterable dataset (every rank reads the full stream)."""
+    """This rank's slice of each global batch of an iterable dataset (every rank reads the full stream).
+
+    Kept for scripts that use it directly (Accelerate has this name); ``prepare`` reads streams through
+    :class:`~.streams.StreamShard` instead, which reads only this rank's shards.
+    """
 
     def __init__(
         self,

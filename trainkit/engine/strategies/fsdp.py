@@ -83,12 +83,15 @@ class FSDPStrategy(Strategy):
         originals = {name: param for name, param in model.named_parameters(remove_duplicate=False)}
         rank, world = self.state.rank, self.state.world_size
         meta_loading = options.cpu_ram_efficient_loading and world > 1
+        ties = sharding.parameter_ties(model)
         if meta_loading:
             kept = sharding.move_to_meta_keeping_rank0_states(model, rank)
+            sharding.restore_parameter_ties(model, ties)  # Module.to("meta") gives each name its own tensor
         else:
             model.to(self.device)
             if options.sync_module_states and world > 1:
                 sharding.broadcast_module_states(model)
+        sharding.unify_group_dtypes(model, units)
         if options.activation_checkpointing:
             sharding.apply_activation_checkpointing(units or [model])
         shape = sharding.mesh_shape(options.sharding_strategy, world, self.state.local_world_size,
@@ -106,6 +109,7 @@ class FSDPStrategy(Strategy):
         )
         if meta_loading:
             sharding.materialize_from_rank0(model, kept, self.device, rank)
+            sharding.restore_parameter_ties(model, ties)
         sharding.wire_prefetch(units, forward_prefetch=options.forward_prefetch,
                                backward_prefetch=options.backward_prefetch)
         self._remember_replacements(originals, model)
@@ -123,7 +127,8 @@ class FSDPStrategy(Strategy):
         units = sharding.select_units(model, policy=policy, class_names=class_names,
                                       min_num_params=self.options.min_num_params)
         inside_ignored = {id(sub) for module in self.plugin.ignored_modules or [] for sub in module.modules()}
-        return [unit for unit in units if id(unit) not in inside_ignored]
+        units = [unit for unit in units if id(unit) not in inside_ignored]
+        return sharding.keep_shared_parameters_together(model, units)
 
     def _mp_policies(self) -> tuple[Any, Any]:
         """The user's own MixedPrecisionPolicy everywhere, else one derived from the precision mode."""

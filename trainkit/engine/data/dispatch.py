@@ -1,0 +1,73 @@
+"""``dispatch_batches=True``: the main process reads every global batch and hands each rank its slice.
+
+For streams that cannot be split (a single sequential source, a reader that must run once), rank 0
+iterates the user's DataLoader with the *global* batch size, cuts each collated batch along its first
+dimension into one slice per rank and sends them with ``scatter_object_list``; the other ranks read
+nothing. A short last global batch is filled up by repeating its own rows, so every rank gets a full
+slice, and the real rows per rank travel with it (``gather_for_metrics`` keeps only those).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .. import collectives
+from ..collectives import recursively_apply
+
+
+def batch_rows(batch: Any) -> int:
+    """Rows of a collated batch: the first dimension of its first tensor."""
+    found: list[int] = []
+
+    def note(tensor: torch.Tensor) -> None:
+        if tensor.ndim:
+            found.append(tensor.shape[0])
+
+    recursively_apply(note, batch)
+    if not found:
+        raise ValueError("dispatch_batches=True needs batches of tensors (it slices them along their first dimension).")
+    return found[0]
+
+
+def split_global_batch(batch: Any, num_processes: int, per_rank: int) -> tuple[list[Any], list[int]]:
+    """Cut ``batch`` into ``num_processes`` slices of ``per_rank`` rows (filled by repeating rows); real rows of each."""
+    rows = batch_rows(batch)
+    full = per_rank * num_processes
+    if rows < full:
+        index = torch.arange(full) % rows
+
+        def repeat_rows(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor[index.to(tensor.device)] if tensor.ndim else tensor
+
+        batch = recursively_apply(repeat_rows, batch)
+
+    def rank_slice(rank: int):
+        def cut(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor[rank * per_rank : (rank + 1) * per_rank] if tensor.ndim else tensor
+
+        return cut
+
+    slices = [recursively_apply(rank_slice(r), batch) for r in range(num_processes)]
+    real = [max(0, min(per_rank, rows - r * per_rank)) for r in range(num_processes)]
+    return slices, real
+
+
+def dispatched_batches(global_batches: Iterator[Any] | None, num_processes: int, process_index: int,
+                       per_rank: int) -> Iterator[tuple[Any, list[int], None]]:
+    """(this rank's slice, real rows per rank, None) for each global batch rank 0 reads; ends for all together."""
+    while True:
+        payload: list[Any] = [None] * num_processes
+        if process_index == 0:
+            batch = next(global_batches, None) if global_batches is not None else None
+            if batch is not None:
+                slices, real = split_global_batch(batch, num_processes, per_rank)
+                payload = [(piece, real) for piece in slices]
+        received = collectives.scatter_object(payload if process_index == 0 else None, from_process=0)
+        if received is None:
+            return
+        piece, real = received
+        yield piece, real, None
+
