@@ -14,5 +14,5 @@ fi
 echo "[bootstrap] creating $VENV (torch: $TORCH_SPEC)" >&2
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$TORCH_SPEC"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,recipes,tensorboard]"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[dev,recipes,test]"
 echo "$want" > "$stamp"

@@ -11,6 +11,10 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from tests.distributed import TRACKER_ENV  # noqa: E402 - W&B offline, MLflow local, for in-process tests too
+
+for _key, _value in TRACKER_ENV.items():
+    os.environ.setdefault(_key, _value)
 
 import pytest
 

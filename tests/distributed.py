@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -16,6 +17,15 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+TRACKER_ENV = {
+    # log_with="all" starts every installed tracker (as in Accelerate): keep W&B offline and MLflow on a local file
+    # store, so tests never need an account, a server or the network.
+    "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+    "MLFLOW_TRACKING_URI": (Path(tempfile.gettempdir()) / "trainkit-tests-mlruns").as_uri(),
+    "MLFLOW_ALLOW_FILE_STORE": "true",
+}
 
 
 def worker_env(device: str = "cpu", **extra: str) -> dict[str, str]:
@@ -32,6 +42,7 @@ def worker_env(device: str = "cpu", **extra: str) -> dict[str, str]:
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
                PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env.update(TRACKER_ENV)
     env.update(extra)
     return env
 

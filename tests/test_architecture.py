@@ -142,7 +142,8 @@ def test_cycle_detector_sees_a_cycle() -> None:
     IMPORTS["trainkit.engine.state"].add("trainkit.engine.process_control")
     IMPORTS["trainkit.engine.process_control"].add("trainkit.engine.state")
     try:
-        assert ["trainkit.engine.process_control", "trainkit.engine.state"] in _cycles()
+        # reported as (part of) one strongly connected group of modules
+        assert any({"trainkit.engine.process_control", "trainkit.engine.state"} <= set(cycle) for cycle in _cycles())
     finally:
         IMPORTS.clear()
         IMPORTS.update({m: _imported_names(m, p, pkg) for m, (p, pkg) in MODULES.items()})

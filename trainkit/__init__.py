@@ -13,7 +13,21 @@ __version__ = "0.1.0.dev0"
 
 _LAZY = {
     "Accelerator": "trainkit.engine.accelerator",
-    "PartialState": "trainkit.engine.state",
+    "PartialState": "trainkit.state",
+    "AcceleratorState": "trainkit.state",
+    "GradientState": "trainkit.state",
+    "AutocastKwargs": "trainkit.utils.dataclasses",
+    "DDPCommunicationHookType": "trainkit.utils.enums",
+    "FP8RecipeKwargs": "trainkit.utils.dataclasses",
+    "GradientAccumulationPlugin": "trainkit.utils.dataclasses",
+    "MegatronLMPlugin": "trainkit.utils.dataclasses",
+    "ProfileKwargs": "trainkit.utils.dataclasses",
+    "TorchDynamoPlugin": "trainkit.config.dynamo",
+    "find_executable_batch_size": "trainkit.utils.memory",
+    "init_empty_weights": "trainkit.utils.modeling",
+    "init_on_device": "trainkit.utils.modeling",
+    "notebook_launcher": "trainkit.engine.launchers",
+    "debug_launcher": "trainkit.engine.launchers",
     "ProcessState": "trainkit.engine.state",
     "FullyShardedDataParallelPlugin": "trainkit.engine.fsdp_plugin",
     "DataLoaderConfiguration": "trainkit.utils.dataclasses",
@@ -23,7 +37,7 @@ _LAZY = {
     "GradScalerKwargs": "trainkit.utils.dataclasses",
     "InitProcessGroupKwargs": "trainkit.utils.dataclasses",
     "ProjectConfiguration": "trainkit.utils.dataclasses",
-    "skip_first_batches": "trainkit.engine.data",
+    "skip_first_batches": "trainkit.data_loader",
     "Trainer": "trainkit.trainer",
     "TrainingArguments": "trainkit.trainer",
     "TrainerCallback": "trainkit.trainer",
@@ -32,7 +46,7 @@ _LAZY = {
     "EarlyStoppingCallback": "trainkit.trainer",
     "EvalPrediction": "trainkit.trainer",
 }
-_RENAMED = {"skip_first_batches": "skip_batches"}
+_RENAMED: dict[str, str] = {}
 
 __all__ = sorted(_LAZY)
 

@@ -50,9 +50,10 @@ class Asker:
     def yes_no(self, question: str, default: bool) -> bool:
         return self.ask(f"{question} (yes/no)", default, _parse_yes_no)
 
-    def choice(self, question: str, choices: Sequence[str], default: str) -> str:
-        listing = ", ".join(f"[{i}] {c}" for i, c in enumerate(choices))
-        return self.ask(f"{question} {listing}", default, lambda text: _parse_choice(text, choices))
+    def choice(self, question: str, choices: Sequence[str], default: str, first_number: int = 0) -> str:
+        """Ask for one of ``choices``, by name or by its number (numbered from ``first_number``)."""
+        listing = ", ".join(f"[{i}] {c}" for i, c in enumerate(choices, start=first_number))
+        return self.ask(f"{question} {listing}", default, lambda text: _parse_choice(text, choices, first_number))
 
     def integer(self, question: str, default: int, minimum: int = 0) -> int:
         return self.ask(question, default, lambda text: _parse_int(text, minimum))
@@ -76,9 +77,9 @@ def _parse_yes_no(text: str) -> bool:
     raise ValueError(f"Please answer yes or no, not {text!r}.")
 
 
-def _parse_choice(text: str, choices: Sequence[str]) -> str:
-    if text.isdigit() and int(text) < len(choices):
-        return choices[int(text)]
+def _parse_choice(text: str, choices: Sequence[str], first_number: int = 0) -> str:
+    if text.isdigit() and first_number <= int(text) < first_number + len(choices):
+        return choices[int(text) - first_number]
     for choice in choices:
         if text.lower() == choice.lower():
             return choice
@@ -142,7 +143,9 @@ def ask_fsdp_options(asker: Asker) -> dict[str, Any]:
     """The FSDP questions, each with its choices; answers keyed with Accelerate's ``fsdp_`` prefix."""
     defaults = FSDPOptions()
     options: dict[str, Any] = {
-        "fsdp_sharding_strategy": asker.choice("Sharding strategy?", SHARDING_STRATEGIES, defaults.sharding_strategy),
+        # Numbered 1-5 as FSDP itself numbers them (ShardingStrategy) and as the guides say "select 1 for FULL_SHARD".
+        "fsdp_sharding_strategy": asker.choice("Sharding strategy?", SHARDING_STRATEGIES, defaults.sharding_strategy,
+                                               first_number=1),
         "fsdp_offload_params": asker.yes_no("Offload parameters and optimizer state to CPU?", defaults.offload_params),
     }
     policy = asker.choice("Auto-wrap policy?", AUTO_WRAP_POLICIES, "TRANSFORMER_BASED_WRAP")

@@ -23,29 +23,34 @@ from torch.utils.data import DataLoader
 from trainkit.config.deepspeed import DeepSpeedPlugin
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import EngineConfig
-from trainkit.config.errors import ConfigError
 from trainkit.engine import collectives
 from trainkit.engine.accumulation import GradientState, sum_across_processes
+from trainkit.engine.compat_options import announce_dataloader_options, resolve_compat_options
 from trainkit.engine.compile import compile_model
 from trainkit.engine.configuration import announce, resolve_for_accelerator
 from trainkit.engine.deepspeed import (
     DummyOptim,
     DummyScheduler,
-    ShardedStateOptimizer,
+    check_micro_batch,
+    clipping_before_step,
     deepspeed_optimizer,
     deepspeed_scheduler,
+    shard_optimizer_state,
 )
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
+from trainkit.engine.identity import ProcessIdentity
 from trainkit.engine.precision import Precision
 from trainkit.engine.process_control import only_when, split_inputs
 from trainkit.engine.state import ProcessState
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
-from trainkit.engine.tracking import GeneralTracker, resolve_log_with, start_trackers
+from trainkit.engine.tracking import GeneralTracker, find_tracker, resolve_log_with, start_trackers
 from trainkit.engine.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
+    AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     DistributedType,
+    GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
@@ -55,7 +60,7 @@ from trainkit.utils.dataclasses import (
 logger = logging.getLogger(__name__)
 
 
-class Accelerator:
+class Accelerator(ProcessIdentity):
     """Train one model-and-loop on one CPU, one GPU, many processes (DDP) or sharded (FSDP2).
 
     Arguments follow Hugging Face Accelerate's; an argument left at None is "not set" and takes the value
@@ -73,11 +78,14 @@ class Accelerator:
         project_config: a :class:`ProjectConfiguration` (alternative to ``project_dir``).
         step_scheduler_with_optimizer: step prepared schedulers only when the optimizer stepped.
         kwargs_handlers: :class:`DistributedDataParallelKwargs`, :class:`GradScalerKwargs`,
-            :class:`InitProcessGroupKwargs`.
+            :class:`InitProcessGroupKwargs`, :class:`AutocastKwargs`, :class:`ProfileKwargs`.
         device_placement: move prepared models and batches to the device.
+        gradient_accumulation_plugin: accumulation options (instead of ``gradient_accumulation_steps``).
         dynamo_backend: compile prepared models with this torch.compile backend ("inductor", ...).
         dynamo_plugin: all torch.compile settings (:class:`TorchDynamoPlugin`), regional compilation included.
         deepspeed_plugin: a DeepSpeed config (:class:`DeepSpeedPlugin`), run on DDP/FSDP2 (docs/deepspeed.md).
+        megatron_lm_plugin: not driven by trainkit (an error says so).
+        rng_types: accepted with a notice (the data order comes from a seeded sampler).
         engine_config: an already resolved :class:`trainkit.config.engine.EngineConfig` (the Trainer passes
             one); when given, the arguments above that it covers are not consulted.
     """
@@ -100,19 +108,27 @@ class Accelerator:
         dynamo_backend: str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         deepspeed_plugin: DeepSpeedPlugin | None = None,
+        megatron_lm_plugin: Any = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        rng_types: Sequence[Any] | None = None,
         *,
         engine_config: EngineConfig | None = None,
     ) -> None:
-        handlers: dict[type, Any] = {type(h): h for h in (kwargs_handlers or [])}
+        self._compat = resolve_compat_options(
+            kwargs_handlers=kwargs_handlers, gradient_accumulation_steps=gradient_accumulation_steps,
+            gradient_accumulation_plugin=gradient_accumulation_plugin, megatron_lm_plugin=megatron_lm_plugin,
+            rng_types=rng_types)
+        handlers: dict[type, Any] = self._compat.handlers
         pg_kwargs = handlers.get(InitProcessGroupKwargs, InitProcessGroupKwargs())
         config = engine_config if engine_config is not None else resolve_for_accelerator(
-            mixed_precision=mixed_precision, gradient_accumulation_steps=gradient_accumulation_steps, cpu=cpu,
-            fsdp_plugin=fsdp_plugin, timeout=pg_kwargs.timeout, dynamo_backend=dynamo_backend,
-            dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin)
+            mixed_precision=mixed_precision, cpu=cpu, fsdp_plugin=fsdp_plugin, timeout=pg_kwargs.timeout,
+            gradient_accumulation_steps=gradient_accumulation_steps or self._compat.accumulation_steps,
+            dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin)
         self.config = config
         """The resolved settings and where each came from (see :class:`trainkit.config.engine.EngineConfig`)."""
         self.state = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
                                       timeout=timedelta(seconds=config.collective_timeout))
+        self.state.attach_accelerator(self)
         self.device_placement = device_placement
         announce(config, is_main_process=self.state.is_main_process, device=self.state.device)
 
@@ -134,6 +150,7 @@ class Accelerator:
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
+        announce_dataloader_options(self.dataloader_config, self.project_configuration)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.log_with = resolve_log_with(log_with)
         self.trackers: list[GeneralTracker] = []
@@ -155,49 +172,9 @@ class Accelerator:
 
     def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
         return select_strategy(StrategyRequest(self.state, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
-                                               ddp_kwargs=ddp_kwargs))
+                                               ddp_kwargs=ddp_kwargs, comm_hook=self._compat.ddp_comm_hook()))
 
-    # -- identity ---------------------------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        """The device this process computes on."""
-        return self.state.device
-
-    @property
-    def process_index(self) -> int:
-        """Global rank of this process."""
-        return self.state.rank
-
-    @property
-    def local_process_index(self) -> int:
-        """Rank of this process on its machine."""
-        return self.state.local_rank
-
-    @property
-    def num_processes(self) -> int:
-        """Number of processes in the job."""
-        return self.state.world_size
-
-    @property
-    def is_main_process(self) -> bool:
-        """True on global rank 0."""
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """True on the first process of each machine."""
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        """True on the highest global rank."""
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        """True when more than one process takes part."""
-        return self.state.use_distributed
-
+    # -- identity (device, process_index, ... come from ProcessIdentity) ---------------------------
     @property
     def distributed_type(self) -> DistributedType:
         """NO, MULTI_CPU, MULTI_GPU, FSDP, or DEEPSPEED when a DeepSpeed config asked (run on DDP/FSDP2)."""
@@ -268,7 +245,7 @@ class Accelerator:
         """Count one micro-batch; inside, gradients synchronise only when its window closes."""
         self.gradient_state.advance()
         with contextlib.ExitStack() as stack:
-            if not self.gradient_state.sync_gradients:
+            if not (self.gradient_state.sync_gradients or self._compat.sync_each_batch):
                 for model in models:
                     stack.enter_context(self.strategy.no_sync(model))
             yield
@@ -296,9 +273,10 @@ class Accelerator:
                                                   self.num_processes)
         self.precision.backward(loss, **kwargs)
 
-    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """A context running eligible ops in the mixed-precision dtype (prepared models already do)."""
-        return self.precision.autocast()
+        handler = autocast_handler or self._compat.autocast_kwargs or AutocastKwargs()
+        return self.precision.autocast(enabled=handler.enabled, cache_enabled=handler.cache_enabled)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Divide fp16 gradients by the loss scale (done for you by the clipping methods)."""
@@ -350,17 +328,13 @@ class Accelerator:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer | DummyOptim) -> PreparedOptimizer:
         """Wrap an optimizer (re-bound to sharded parameters where the strategy replaced them)."""
-        placeholder = optimizer
-        optimizer = deepspeed_optimizer(self.deepspeed, optimizer)
+        placeholder, optimizer = optimizer, deepspeed_optimizer(self.deepspeed, optimizer)
         for model in self._models:
             self.strategy.rebind_optimizer(optimizer, model)
-        if self.deepspeed is not None and self.deepspeed.shard_optimizer_state and self.num_processes > 1:
-            optimizer = ShardedStateOptimizer(optimizer)  # ZeRO-1
+        optimizer = shard_optimizer_state(self.deepspeed, optimizer, self.num_processes)  # ZeRO-1
         prepared = PreparedOptimizer(optimizer, self.precision, self.gradient_state)
         prepared.placeholder = placeholder
-        if self.deepspeed is not None and self.deepspeed.gradient_clipping:
-            max_norm = self.deepspeed.gradient_clipping
-            prepared.before_step = lambda: self.clip_grad_norm_(_parameters_of(optimizer), max_norm)
+        prepared.before_step = clipping_before_step(self.deepspeed, optimizer, self.clip_grad_norm_)
         self._optimizers.append(prepared)
         return prepared
 
@@ -380,10 +354,7 @@ class Accelerator:
     def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
         """Shard a dataloader across processes (see :mod:`trainkit.engine.data`)."""
         place = self.device_placement if device_placement is None else device_placement
-        micro = self.deepspeed.micro_batch_size if self.deepspeed is not None else None
-        if micro is not None and dataloader.batch_size not in (None, micro):
-            raise ConfigError(f"The DeepSpeed config's train_micro_batch_size_per_gpu is {micro} but this dataloader's "
-                              f"batch size is {dataloader.batch_size}; make them agree (or write \"auto\").")
+        check_micro_batch(self.deepspeed, dataloader)
         prepared = prepare_data_loader(
             dataloader,
             num_processes=self.num_processes,
@@ -559,20 +530,14 @@ class Accelerator:
         """Start the JSONL tracker and those named in ``log_with`` (main process only)."""
         if self.is_main_process:
             logging_dir = self.logging_dir or self.project_dir or "runs"
-            self.trackers = start_trackers(project_name, logging_dir, self.log_with, init_kwargs)
-            if config is not None:
-                for tracker in self.trackers:
-                    tracker.store_init_configuration(config)
+            self.trackers = start_trackers(project_name, logging_dir, self.log_with, init_kwargs, config)
 
     def get_tracker(self, name: str, unwrap: bool = False) -> GeneralTracker:
         """The started tracker called ``name``."""
-        for tracker in self.trackers:
-            if tracker.name == name:
-                return tracker
-        raise ValueError(f"No tracker {name!r}; started: {[t.name for t in self.trackers]}.")
+        return find_tracker(self.trackers, name)
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict] | None = None) -> None:
-        """Send scalar values to every tracker (main process only)."""
+        """Send values to every tracker (main process only; nested dicts as each tracker groups them)."""
         for tracker in self.trackers:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
@@ -582,14 +547,29 @@ class Accelerator:
             tracker.finish()
         self.trackers = []
 
+    # -- Accelerate's less common contexts (each lives in its own module) -------------------------
+    def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> contextlib.AbstractContextManager:
+        """Let ranks with fewer batches finish early under DDP (torch's ``Join``); ``even_batches`` overrides padding."""
+        from trainkit.engine.uneven import join_uneven_inputs
+
+        return join_uneven_inputs(self.distributed_type, joinables, self._dataloaders, even_batches)
+
+    def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Make the next backward all-reduce ``model``'s gradients, even inside ``no_sync``/``accumulate``."""
+        from trainkit.engine.strategies.ddp_sync import sync_in_backward
+
+        return sync_in_backward(model)
+
+    def profile(self, profile_handler: Any = None) -> contextlib.AbstractContextManager:
+        """torch's profiler configured by ``profile_handler`` (or the ``ProfileKwargs`` handler)."""
+        from trainkit.engine.profiling import profile
+
+        return profile(profile_handler or self._compat.profile_kwargs, self.device, self.process_index)
+
     def __repr__(self) -> str:
         return (f"Accelerator(distributed_type={self.distributed_type.value}, num_processes={self.num_processes}, "
                 f"device={self.device}, mixed_precision={self.mixed_precision!r}, "
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps})")
-
-
-def _parameters_of(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [param for group in optimizer.param_groups for param in group["params"]]
 
 
 def _is_scheduler(obj: Any) -> bool:

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from trainkit.engine.nested import iter_leaves, map_tensors
+from trainkit.engine.operation_checks import verify_operation
 
 
 def _world() -> int:
@@ -33,6 +34,7 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=0)
 
 
+@verify_operation
 def gather(data: Any) -> Any:
     """Concatenate every process's tensors along dim 0 (scalars become a vector), in rank order."""
     if _world() == 1:
@@ -54,6 +56,7 @@ def gather_object(obj: Any) -> list[Any]:
 _REDUCTIONS = ("sum", "mean", "none")
 
 
+@verify_operation
 def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     """All-reduce every tensor (``sum`` or ``mean``) times ``scale``; returns new tensors."""
     if reduction not in _REDUCTIONS:
@@ -97,6 +100,7 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
     return recursively_apply(_pad, data)
 
 
+@verify_operation
 def broadcast(data: Any, from_process: int = 0) -> Any:
     """Overwrite every tensor with ``from_process``'s values (in place; returns ``data``)."""
     if _world() == 1:

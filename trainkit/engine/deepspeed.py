@@ -200,3 +200,27 @@ def deepspeed_scheduler(settings: Any, placeholder: DummyScheduler, optimizers: 
     if target is None:
         raise ConfigError("DummyScheduler: prepare its optimizer first (or in the same prepare call).")
     return build_scheduler(block or {}, target.optimizer, placeholder)
+
+
+def shard_optimizer_state(settings: Any, optimizer: torch.optim.Optimizer, num_processes: int) -> torch.optim.Optimizer:
+    """ZeRO-1: the optimizer with its state sharded across processes, when the DeepSpeed config asks for it."""
+    if settings is not None and settings.shard_optimizer_state and num_processes > 1:
+        return ShardedStateOptimizer(optimizer)
+    return optimizer
+
+
+def clipping_before_step(settings: Any, optimizer: torch.optim.Optimizer, clip: Any) -> Any:
+    """The DeepSpeed config's ``gradient_clipping``, as a call the prepared optimizer makes before each step."""
+    if settings is None or not settings.gradient_clipping:
+        return None
+    parameters = [param for group in optimizer.param_groups for param in group["params"]]
+    max_norm = settings.gradient_clipping
+    return lambda: clip(parameters, max_norm)
+
+
+def check_micro_batch(settings: Any, dataloader: Any) -> None:
+    """A dataloader's batch size must be the DeepSpeed config's ``train_micro_batch_size_per_gpu``."""
+    micro = settings.micro_batch_size if settings is not None else None
+    if micro is not None and dataloader.batch_size not in (None, micro):
+        raise ConfigError(f"The DeepSpeed config's train_micro_batch_size_per_gpu is {micro} but this dataloader's "
+                          f"batch size is {dataloader.batch_size}; make them agree (or write \"auto\").")

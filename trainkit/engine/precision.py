@@ -42,11 +42,11 @@ class Precision:
         """True unless running in full precision."""
         return self.dtype is not None
 
-    def autocast(self, enabled: bool = True) -> contextlib.AbstractContextManager:
+    def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager:
         """A context in which eligible ops run in the low-precision dtype."""
         if not (enabled and self.enabled):
             return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype, cache_enabled=cache_enabled)
 
     def wrap_forward(self, forward: Callable) -> Callable:
         """Run ``forward`` under autocast and hand the loss back in float32 (see :func:`loss_in_float32`)."""

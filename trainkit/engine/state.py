@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from trainkit.config.slurm_hosts import first_slurm_host
 from trainkit.engine.allocator import tune_allocator
+from trainkit.engine.state_api import AccelerateStateAPI
 from trainkit.engine.devices import choose_device
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def _export_slurm_rendezvous(launch: LaunchEnvironment) -> None:
     os.environ.setdefault("LOCAL_RANK", str(launch.local_rank))
 
 
-class ProcessState:
+class ProcessState(AccelerateStateAPI):
     """The process-wide distributed state: identity, device, backend and the default process group.
 
     Use :meth:`get` rather than the constructor: the first call decides the device (``cpu=True`` forces
@@ -183,11 +184,6 @@ class ProcessState:
         """True on the highest global rank."""
         return self.rank == self.world_size - 1
 
-    # Accelerate's names for the same facts (scripts read them from ``accelerator.state``).
-    num_processes = property(lambda self: self.world_size, doc="Number of processes (Accelerate's name).")
-    process_index = property(lambda self: self.rank, doc="Global rank (Accelerate's name).")
-    local_process_index = property(lambda self: self.local_rank, doc="Rank on this machine (Accelerate's name).")
-
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point."""
         if dist.is_initialized() and self.world_size > 1:
@@ -210,8 +206,3 @@ class ProcessState:
             f"ProcessState(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank}, "
             f"device={self.device}, backend={self.backend}, launcher={self.launch.source})"
         )
-
-
-def PartialState(cpu: bool = False, **kwargs: object) -> ProcessState:  # noqa: N802 - Accelerate's class name
-    """Accelerate's ``PartialState()``: the process's shared state, created on first use."""
-    return ProcessState.get(cpu=cpu or None)  # False is Accelerate's default, not a request: the launcher's --cpu applies

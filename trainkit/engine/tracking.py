@@ -1,4 +1,4 @@
-"""Experiment trackers: a JSONL file always, TensorBoard and Weights & Biases when installed.
+"""Experiment trackers: a JSONL file always; TensorBoard, Weights & Biases and MLflow when installed.
 
 Only the main process writes. ``log_with="all"`` means every installed tracker.
 """
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainkit.config.errors import check_choice
-from trainkit.utils.imports import is_tensorboard_available, is_wandb_available
+from trainkit.utils.imports import is_mlflow_available, is_tensorboard_available, is_wandb_available
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,11 @@ class JSONLTracker(GeneralTracker):
 
 
 class TensorBoardTracker(GeneralTracker):
-    """Scalars to TensorBoard event files in ``<logging_dir>/<run_name>``."""
+    """Scalars to TensorBoard event files in ``<logging_dir>/<run_name>``.
+
+    Numbers become scalars, strings text, and a dict of numbers one ``add_scalars`` group (each entry in
+    its own ``<run>/<key>_<entry>`` sub-run, plotted together), as Accelerate writes them.
+    """
 
     name = "tensorboard"
 
@@ -92,6 +96,10 @@ class TensorBoardTracker(GeneralTracker):
                 self.writer.add_scalar(key, value, global_step=step)
             elif isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step)
+            elif isinstance(value, dict):
+                self.writer.add_scalars(key, _numbers_only(key, value), global_step=step)
+            else:
+                _warn_skipped(self.name, key, value)
         self.writer.flush()
 
     def finish(self) -> None:
@@ -118,14 +126,81 @@ class WandBTracker(GeneralTracker):
         self.run.finish()
 
 
-_OPTIONAL = {"tensorboard": (TensorBoardTracker, is_tensorboard_available), "wandb": (WandBTracker, is_wandb_available)}
+class MLflowTracker(GeneralTracker):
+    """Logs to MLflow: the run's name is the experiment; the tracking URI is ``MLFLOW_TRACKING_URI``
+    (MLflow's default otherwise); ``init_kwargs['mlflow']`` may give ``run_name``, ``run_id``, ``tags``,
+    ``nested_run``, ``description``. Numbers become metrics; other values are skipped with a warning.
+    """
+
+    name = "mlflow"
+
+    def __init__(self, project_name: str, logging_dir: str, run_id: str | None = None, tags: Any = None,
+                 nested_run: bool = False, run_name: str | None = None, description: str | None = None,
+                 **kwargs: Any) -> None:
+        import mlflow
+
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", project_name)
+        tags = os.environ.get("MLFLOW_TAGS", tags)
+        if isinstance(tags, str):
+            tags = json.loads(tags)
+        experiment = mlflow.get_experiment_by_name(experiment_name)
+        experiment_id = experiment.experiment_id if experiment is not None else mlflow.create_experiment(experiment_name, tags=tags)
+        self.run = mlflow.start_run(run_id=os.environ.get("MLFLOW_RUN_ID", run_id), experiment_id=experiment_id,
+                                    run_name=run_name, tags=tags,
+                                    nested=bool(os.environ.get("MLFLOW_NESTED_RUN", nested_run)),
+                                    description=description, **kwargs)
+        self._mlflow = mlflow
+
+    def store_init_configuration(self, values: Mapping[str, Any]) -> None:
+        params = {str(k): v for k, v in _jsonable(dict(values)).items()}
+        limit = self._mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
+        too_long = [k for k, v in params.items() if len(str(v)) > limit]
+        if too_long:
+            logger.warning("MLflow keeps parameters up to %d characters; not stored: %s", limit, too_long)
+        self._mlflow.log_params({k: v for k, v in params.items() if k not in too_long})
+
+    def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        metrics = {}
+        for key, value in values.items():
+            value = _jsonable(value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                metrics[key] = value
+            else:
+                _warn_skipped(self.name, key, value)
+        self._mlflow.log_metrics(metrics, step=step)
+
+    def finish(self) -> None:
+        self._mlflow.end_run()
+
+
+def _numbers_only(key: str, values: Mapping[str, Any]) -> dict[str, float]:
+    numbers = {}
+    for name, value in values.items():
+        value = _jsonable(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers[str(name)] = value
+        else:
+            _warn_skipped("tensorboard", f"{key}/{name}", value)
+    return numbers
+
+
+def _warn_skipped(tracker: str, key: str, value: Any) -> None:
+    logger.warning("%s: %r=%r is not a number%s; not logged there (it is in metrics.jsonl).", tracker, key, value,
+                   "" if tracker == "mlflow" else ", string or dict of numbers")
+
+
+_OPTIONAL = {
+    "tensorboard": (TensorBoardTracker, is_tensorboard_available),
+    "wandb": (WandBTracker, is_wandb_available),
+    "mlflow": (MLflowTracker, is_mlflow_available),
+}
 
 
 def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTracker] | None) -> list[str | GeneralTracker]:
     """Validate ``log_with`` and expand "all" into the installed trackers."""
     if log_with is None:
         return []
-    items = [log_with] if isinstance(log_with, (str, GeneralTracker)) else list(log_with)
+    items = list(log_with) if isinstance(log_with, (list, tuple)) else [log_with]  # one name, LoggerType or tracker
     resolved: list[str | GeneralTracker] = []
     for item in items:
         if isinstance(item, GeneralTracker):
@@ -142,8 +217,9 @@ def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTrac
 
 
 def start_trackers(run_name: str, logging_dir: str, log_with: list[str | GeneralTracker],
-                   init_kwargs: Mapping[str, Mapping[str, Any]] | None = None) -> list[GeneralTracker]:
-    """Create the JSONL tracker plus every requested one (call on the main process only)."""
+                   init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+                   config: Mapping[str, Any] | None = None) -> list[GeneralTracker]:
+    """Create the JSONL tracker plus every requested one, each storing ``config`` (main process only)."""
     init_kwargs = init_kwargs or {}
     trackers: list[GeneralTracker] = [JSONLTracker(run_name, logging_dir)]
     for item in log_with:
@@ -152,4 +228,15 @@ def start_trackers(run_name: str, logging_dir: str, log_with: list[str | General
         else:
             tracker_cls = _OPTIONAL[item][0]
             trackers.append(tracker_cls(run_name, logging_dir, **init_kwargs.get(item, {})))
+    if config is not None:
+        for tracker in trackers:
+            tracker.store_init_configuration(dict(config))
     return trackers
+
+
+def find_tracker(trackers: list[GeneralTracker], name: str) -> GeneralTracker:
+    """The started tracker called ``name`` (an error listing the started ones otherwise)."""
+    for tracker in trackers:
+        if tracker.name == name:
+            return tracker
+    raise ValueError(f"No tracker {name!r}; started: {[t.name for t in trackers]}.")

@@ -1,54 +1,87 @@
-"""Helpers that training scripts import (the names of ``accelerate.utils`` that real scripts use)."""
+"""Helpers that training scripts import: the training-related names of ``accelerate.utils``.
+
+Plain data (enums, dataclasses, availability checks) is imported here directly; names that need the
+engine (collectives, the process state) load on first use, so importing a dataclass from
+``trainkit.utils`` never drags the engine in.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from trainkit.config.deepspeed import DeepSpeedPlugin
 from trainkit.config.dynamo import TorchDynamoPlugin
 
+from . import imports as _imports
 from .dataclasses import (
+    AORecipeKwargs,
+    AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
-    DistributedType,
+    FP8RecipeKwargs,
+    GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    MegatronLMDummyScheduler,
+    MegatronLMPlugin,
+    MSAMPRecipeKwargs,
+    ProfileKwargs,
     ProjectConfiguration,
+    TERecipeKwargs,
 )
-from .imports import (
-    is_cuda_available,
-    is_npu_available,
-    is_tensorboard_available,
-    is_wandb_available,
-    is_xpu_available,
+from .enums import (
+    ComputeEnvironment,
+    DDPCommunicationHookType,
+    DistributedType,
+    DynamoBackend,
+    FP8BackendType,
+    LoggerType,
+    PrecisionType,
+    RNGType,
+    SageMakerDistributedType,
 )
 from .memory import find_executable_batch_size, release_memory
+from .progress import tqdm
 from .random import set_seed
 
-def __getattr__(name: str):
-    """Accelerate's DeepSpeed placeholders live with the engine (they need torch): loaded on first use."""
-    if name in ("DummyOptim", "DummyScheduler"):
-        from trainkit.engine import deepspeed
+_AVAILABILITY = {name: getattr(_imports, name) for name in dir(_imports) if name.startswith("is_")}
+globals().update(_AVAILABILITY)
 
-        return getattr(deepspeed, name)
-    raise AttributeError(f"module 'trainkit.utils' has no attribute {name!r}")
+_LAZY = {
+    "FullyShardedDataParallelPlugin": "trainkit.engine.fsdp_plugin",
+    "init_empty_weights": "trainkit.utils.modeling",
+    "init_on_device": "trainkit.utils.modeling",
+    "skip_first_batches": "trainkit.data_loader",
+    # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
+    "DummyOptim": "trainkit.engine.deepspeed",
+    "DummyScheduler": "trainkit.engine.deepspeed",
+    **{name: "trainkit.utils.operations" for name in (
+        "DistributedOperationException", "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32",
+        "copy_tensor_to_devices", "extract_model_from_parallel", "find_batch_size", "find_device", "gather",
+        "gather_object", "honor_type", "is_torch_tensor", "listify", "pad_across_processes", "recursively_apply",
+        "reduce", "save", "send_to_device", "slice_tensors", "verify_operation", "wait_for_everyone")},
+}
+
+__all__ = sorted([
+    "AORecipeKwargs", "AutocastKwargs", "ComputeEnvironment", "DDPCommunicationHookType", "DataLoaderConfiguration",
+    "DeepSpeedPlugin", "DistributedDataParallelKwargs", "DistributedType",
+    "DynamoBackend", "FP8BackendType", "FP8RecipeKwargs", "GradScalerKwargs", "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs", "KwargsHandler", "LoggerType", "MSAMPRecipeKwargs", "MegatronLMDummyScheduler",
+    "MegatronLMPlugin", "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "RNGType",
+    "SageMakerDistributedType", "TERecipeKwargs", "TorchDynamoPlugin", "find_executable_batch_size",
+    "release_memory", "set_seed", "tqdm", *_AVAILABILITY, *_LAZY,
+])
 
 
-__all__ = [
-    "DataLoaderConfiguration",
-    "DeepSpeedPlugin",
-    "DummyOptim",
-    "DummyScheduler",
-    "DistributedDataParallelKwargs",
-    "DistributedType",
-    "GradScalerKwargs",
-    "InitProcessGroupKwargs",
-    "KwargsHandler",
-    "ProjectConfiguration",
-    "TorchDynamoPlugin",
-    "find_executable_batch_size",
-    "is_cuda_available",
-    "is_npu_available",
-    "is_tensorboard_available",
-    "is_wandb_available",
-    "is_xpu_available",
-    "release_memory",
-    "set_seed",
-]
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'trainkit.utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

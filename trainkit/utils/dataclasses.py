@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 from datetime import timedelta
 from typing import Any
 
 
-class DistributedType(str, enum.Enum):
-    """How the processes of a run cooperate (names and values as in Accelerate)."""
-
-    NO = "NO"
-    MULTI_CPU = "MULTI_CPU"
-    MULTI_GPU = "MULTI_GPU"
-    FSDP = "FSDP"
-    DEEPSPEED = "DEEPSPEED"
-    """A DeepSpeed config, run on trainkit's DDP/FSDP2 engine (see docs/deepspeed.md)."""
+from .enums import (  # noqa: F401 - re-exported: scripts import the enums from here too
+    ComputeEnvironment,
+    DDPCommunicationHookType,
+    DistributedType,
+    DynamoBackend,
+    FP8BackendType,
+    LoggerType,
+    PrecisionType,
+    RNGType,
+    SageMakerDistributedType,
+)
 
 
 @dataclasses.dataclass
@@ -27,34 +28,38 @@ class DataLoaderConfiguration:
         must be a multiple of the number of processes); otherwise each process gets whole batches.
     even_batches: pad the last global batch with samples from the start of the epoch so every process
         gets batches of the same size (``gather_for_metrics`` drops the padding again).
-    use_seedable_sampler: accepted for compatibility; trainkit always replaces a ``RandomSampler`` by a
-        seeded one (same order on every rank, resumable) — see docs/engine.md.
+    use_seedable_sampler: trainkit always replaces a ``RandomSampler`` by a seeded one (same order on
+        every rank, resumable), so this is True by default; False is accepted with a one-line notice.
     non_blocking: copy batches to the device with ``non_blocking=True``.
     data_seed: seed of the shuffling order; default: drawn from torch's RNG (so ``set_seed`` fixes it).
+    use_stateful_dataloader: save the dataloader's exact position in ``save_state`` and continue from
+        it in ``load_state`` (see docs/checkpoints.md).
     dispatch_batches: for an iterable dataset, True makes the main process read every global batch and
         send each process its slice (the others read nothing); None or False (trainkit's default, unlike
-        Accelerate's) lets every process read only its own shards — see docs/streaming.md.
+        Accelerate's) lets every process read only its own shards — see docs/streaming.md. For a map-style
+        dataset every process reads its own part of the same batches (True: a one-line notice says so).
     """
 
     split_batches: bool = False
+    dispatch_batches: bool | None = None
     even_batches: bool = True
     use_seedable_sampler: bool = True
-    non_blocking: bool = False
     data_seed: int | None = None
-    dispatch_batches: bool | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
 
 
 class KwargsHandler:
     """Base of the ``kwargs_handlers`` objects: non-default fields become keyword arguments."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """Every field and its value."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]  # subclasses are dataclasses
+
     def to_kwargs(self) -> dict[str, Any]:
         """Return the fields whose values differ from the defaults."""
-        default = self.__class__()
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)  # type: ignore[arg-type]  # every subclass is a dataclass
-            if getattr(self, f.name) != getattr(default, f.name)
-        }
+        default = self.__class__().to_dict()
+        return {name: value for name, value in self.to_dict().items() if value != default[name]}
 
 
 @dataclasses.dataclass
@@ -68,6 +73,16 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    """Gradient communication hook registered on the DDP model (fp16/bf16 compression, PowerSGD)."""
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    """Compression (fp16/bf16) wrapped around a PowerSGD hook."""
+    comm_state_option: dict = dataclasses.field(default_factory=dict)
+    """Keyword arguments of the PowerSGD hook's state (e.g. ``matrix_approximation_rank``)."""
+
+    def to_dict(self, ignore_keys: tuple[str, ...] = ("comm_hook", "comm_wrapper", "comm_state_option")) -> dict[str, Any]:
+        """The DDP constructor's keyword arguments (the hook fields are registered separately)."""
+        return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
 
 
 @dataclasses.dataclass
@@ -99,9 +114,94 @@ class ProjectConfiguration:
     automatic_checkpoint_naming: bool = False
     total_limit: int | None = None
     iteration: int = 0
+    save_on_each_node: bool = False
+    """Write checkpoints on each machine's first process (for machines without a shared disk)."""
 
     def set_directories(self, project_dir: str | None = None) -> None:
         """Set ``project_dir`` and default ``logging_dir`` to it."""
         self.project_dir = project_dir
         if self.logging_dir is None:
             self.logging_dir = project_dir
+
+
+@dataclasses.dataclass
+class AutocastKwargs(KwargsHandler):
+    """Options of the mixed-precision autocast context (``Accelerator.autocast(autocast_handler=...)``)."""
+
+    enabled: bool = True
+    cache_enabled: bool | None = None
+
+
+@dataclasses.dataclass
+class ProfileKwargs(KwargsHandler):
+    """Options of ``Accelerator.profile()``, passed on to ``torch.profiler.profile``.
+
+    activities: "cpu", "cuda", "xpu"... (default: the CPU, plus CUDA when the run uses it).
+    schedule_option: keyword arguments of ``torch.profiler.schedule`` (wait, warmup, active, repeat, skip_first).
+    output_trace_dir: write one Chrome trace per process there (``trace_rank_<i>.json``) when profiling ends.
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Any = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+
+@dataclasses.dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """Accumulation options (``Accelerator(gradient_accumulation_plugin=...)``).
+
+    num_steps: micro-batches per optimizer step.
+    adjust_scheduler: prepared schedulers advance once per optimizer step (trainkit always does).
+    sync_with_dataloader: close the accumulation window at the end of a dataloader (trainkit always does).
+    sync_each_batch: synchronise gradients on every micro-batch (saves memory under DDP/FSDP, costs bandwidth).
+    """
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+
+class _AbsentFeature:
+    """Base of the names of features trainkit does not drive: constructing one raises, saying why."""
+
+    reason = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__}: {self.reason}")
+
+
+class MegatronLMPlugin(_AbsentFeature):
+    """Megatron-LM options. trainkit does not drive Megatron-LM."""
+
+    reason = "trainkit does not drive Megatron-LM (tensor/pipeline parallelism); use FSDP2 (see docs/fsdp.md)."
+
+
+class MegatronLMDummyScheduler(_AbsentFeature):
+    """Megatron-LM's placeholder scheduler."""
+
+    reason = MegatronLMPlugin.reason
+
+
+class FP8RecipeKwargs(_AbsentFeature):
+    """FP8 training recipe. trainkit has no fp8 path (mixed_precision is "no", "fp16" or "bf16")."""
+
+    reason = "trainkit has no fp8 training (needs TransformerEngine/MS-AMP/torchao); use mixed_precision='bf16'."
+
+
+class TERecipeKwargs(FP8RecipeKwargs):
+    """TransformerEngine fp8 recipe (see :class:`FP8RecipeKwargs`)."""
+
+
+class MSAMPRecipeKwargs(FP8RecipeKwargs):
+    """MS-AMP fp8 recipe (see :class:`FP8RecipeKwargs`)."""
+
+
+class AORecipeKwargs(FP8RecipeKwargs):
+    """torchao fp8 recipe (see :class:`FP8RecipeKwargs`)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from functools import lru_cache
 
 
@@ -43,3 +44,88 @@ def is_cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+# Accelerate's availability checks for optional packages: "is it installed", checked without importing.
+def _installed(*names: str) -> Callable[[], bool]:
+    def check() -> bool:
+        return any(is_package_available(name) for name in names)
+
+    check.__doc__ = f"True when {' or '.join(names)} is installed (trainkit may still not drive it; see docs)."
+    return check
+
+
+is_mlflow_available = _installed("mlflow")
+is_comet_ml_available = _installed("comet_ml")
+is_aim_available = _installed("aim")
+is_clearml_available = _installed("clearml")
+is_dvclive_available = _installed("dvclive")
+is_swanlab_available = _installed("swanlab")
+is_trackio_available = _installed("trackio")
+is_datasets_available = _installed("datasets")
+is_transformers_available = _installed("transformers")
+is_peft_available = _installed("peft")
+is_timm_available = _installed("timm")
+is_torchvision_available = _installed("torchvision")
+is_schedulefree_available = _installed("schedulefree")
+is_rich_available = _installed("rich")
+is_pandas_available = _installed("pandas")
+is_matplotlib_available = _installed("matplotlib")
+is_boto3_available = _installed("boto3")
+is_pytest_available = _installed("pytest")
+is_deepspeed_available = _installed("deepspeed")
+is_megatron_lm_available = _installed("megatron")
+is_torch_xla_available = _installed("torch_xla")
+is_transformer_engine_available = _installed("transformer_engine")
+is_msamp_available = _installed("msamp")
+is_torchao_available = _installed("torchao")
+is_bnb_available = _installed("bitsandbytes")
+is_torchdata_available = _installed("torchdata")
+is_torchdata_stateful_dataloader_available = _installed("torchdata")
+is_triton_available = _installed("triton")
+is_pynvml_available = _installed("pynvml")
+
+
+def is_mps_available(min_version: str = "1.12") -> bool:
+    """True when Apple's MPS device is usable."""
+    import torch
+
+    return bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+
+
+def is_mlu_available(check_device: bool = False) -> bool:
+    """False: trainkit drives no Cambricon MLU."""
+    return False
+
+
+is_musa_available = is_sdaa_available = is_hpu_available = is_neuron_available = is_mlu_available
+
+
+def is_bf16_available(ignore_tpu: bool = False) -> bool:
+    """True when bfloat16 autocast works here (CPU always; CUDA when the GPU supports it)."""
+    import torch
+
+    return torch.cuda.is_bf16_supported() if torch.cuda.is_available() else True
+
+
+def is_fp16_available() -> bool:
+    """True: float16 autocast with a GradScaler works on CPU and CUDA."""
+    return True
+
+
+def is_fp8_available() -> bool:
+    """False: trainkit has no fp8 training path."""
+    return False
+
+
+def is_torch_version(operation: str, version: str) -> bool:
+    """Compare the installed torch version with ``version`` using ``operation`` (">=", "<", "==", ...)."""
+    import operator
+
+    import torch
+    from packaging.version import Version
+
+    ops = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
+    if operation not in ops:
+        raise ValueError(f"is_torch_version: operation must be one of {sorted(ops)}, got {operation!r}.")
+    return ops[operation](Version(Version(torch.__version__).base_version), Version(version))

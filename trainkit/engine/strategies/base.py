@@ -31,6 +31,8 @@ class StrategyRequest:
     fsdp_options: FSDPOptions | None = None
     """The resolved FSDP options; set exactly when the run shards with FSDP."""
     ddp_kwargs: dict[str, Any] = field(default_factory=dict)
+    comm_hook: dict[str, Any] | None = None
+    """DDP's communication hook from DistributedDataParallelKwargs (``{"hook", "wrapper", "state_option"}``)."""
 
 
 @dataclass(frozen=True)

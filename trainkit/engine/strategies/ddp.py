@@ -19,22 +19,30 @@ class DDPStrategy(Strategy):
 
     capabilities = StrategyCapabilities(supports_no_sync=True, gradient_reduction="mean")
 
-    def __init__(self, state: ProcessState, ddp_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(self, state: ProcessState, ddp_kwargs: dict[str, Any] | None = None,
+                 comm_hook: dict[str, Any] | None = None) -> None:
         super().__init__(state)
         self.ddp_kwargs = dict(ddp_kwargs or {})
+        self.comm_hook = comm_hook
+        """``{"hook", "wrapper", "state_option"}`` from DistributedDataParallelKwargs, or None."""
         self.distributed_type = DistributedType.MULTI_GPU if state.device.type == "cuda" else DistributedType.MULTI_CPU
 
     @classmethod
     def from_request(cls, request: StrategyRequest) -> DDPStrategy:
         """DDP with the script's DistributedDataParallelKwargs."""
-        return cls(request.state, request.ddp_kwargs)
+        return cls(request.state, request.ddp_kwargs, request.comm_hook)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)
         if not any(p.requires_grad for p in model.parameters()):
             return model  # a frozen model (e.g. a teacher) has nothing to synchronise
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        if self.comm_hook:
+            from .ddp_hooks import register_comm_hook
+
+            register_comm_hook(wrapped, **self.comm_hook)
+        return wrapped
 
     def unwrap_model(self, model: nn.Module) -> nn.Module:
         return model.module if isinstance(model, DistributedDataParallel) else model

@@ -1,0 +1,87 @@
+"""``accelerate.data_loader``'s names over trainkit's sharded dataloaders (:mod:`trainkit.engine.data`).
+
+``DataLoaderShard`` is trainkit's :class:`PreparedDataLoader` and ``BatchSamplerShard`` its
+:class:`ShardedBatchSampler`: every process iterates the same seeded order and keeps its part.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainkit.engine.accumulation import GradientState
+from trainkit.engine.data import (
+    IterableDatasetShard,
+    PreparedDataLoader,
+    SeedableRandomSampler,
+    ShardedBatchSampler,
+    skip_batches,
+)
+from trainkit.engine.data import _SkipBatchSampler as SkipBatchSampler
+from trainkit.engine.data import prepare_data_loader as _prepare
+from trainkit.utils.dataclasses import DataLoaderConfiguration
+
+DataLoaderShard = PreparedDataLoader
+BatchSamplerShard = ShardedBatchSampler
+
+__all__ = ["BatchSamplerShard", "DataLoaderDispatcher", "DataLoaderShard", "IterableDatasetShard",
+           "SeedableRandomSampler", "SkipBatchSampler", "prepare_data_loader", "skip_first_batches"]
+
+
+class DataLoaderDispatcher:
+    """Accelerate's main-process-reads-and-sends loader. trainkit's processes each read their own part."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError(
+            "DataLoaderDispatcher: trainkit has no dispatching loader; Accelerator.prepare gives every process the "
+            "same batches by reading its own part (DataLoaderConfiguration(dispatch_batches=True) is accepted).")
+
+
+def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
+    """A loader whose next pass starts ``num_batches`` batches in (prepared or not), without loading them."""
+    if isinstance(dataloader, PreparedDataLoader):
+        return dataloader.skip_first_batches(num_batches)
+    return skip_batches(dataloader, num_batches)
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device: torch.device | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types: Any = None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Any = None,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+) -> PreparedDataLoader:
+    """Accelerate's function form: shard ``dataloader`` for ``process_index`` of ``num_processes``.
+
+    Defaults come from the process state. ``slice_fn_for_dispatch`` and ``torch_device_mesh`` are refused
+    (no dispatching loader, no device meshes for data here).
+    """
+    from trainkit.engine.state import ProcessState
+
+    if slice_fn_for_dispatch is not None or torch_device_mesh is not None:
+        raise NotImplementedError("prepare_data_loader: slice_fn_for_dispatch and torch_device_mesh need "
+                                  "Accelerate's dispatching loader, which trainkit does not have.")
+    state = ProcessState.get()
+    num_processes = state.world_size if num_processes is None else num_processes
+    process_index = state.rank if process_index is None else process_index
+    config = DataLoaderConfiguration(split_batches=split_batches, dispatch_batches=dispatch_batches,
+                                     even_batches=even_batches, data_seed=data_seed, non_blocking=non_blocking,
+                                     use_stateful_dataloader=use_stateful_dataloader)
+    generator = getattr(getattr(dataloader, "sampler", None), "generator", None)
+    seed = data_seed if data_seed is not None else (int(generator.initial_seed()) if generator is not None
+                                                    else int(torch.initial_seed() % (2**31)))
+    return _prepare(dataloader, num_processes=num_processes, process_index=process_index,
+                    device=(device or state.device) if put_on_device else None, gradient_state=GradientState(),
+                    config=config, seed=seed)

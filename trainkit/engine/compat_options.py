@@ -1,0 +1,110 @@
+"""Accelerate's less common ``Accelerator(...)`` options: validated here, once, and turned into plain values.
+
+Each option is honoured, or refused with an error saying what it needs, or (where trainkit already
+behaves that way, or the option cannot change anything here) accepted with a one-line notice. None is
+silently ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainkit.utils.dataclasses import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProfileKwargs,
+    ProjectConfiguration,
+)
+
+logger = logging.getLogger(__name__)
+
+_HANDLER_TYPES = (DistributedDataParallelKwargs, GradScalerKwargs, InitProcessGroupKwargs, AutocastKwargs, ProfileKwargs)
+
+
+@dataclass
+class CompatOptions:
+    """What the options resolved to."""
+
+    handlers: dict[type, KwargsHandler] = field(default_factory=dict)
+    accumulation_steps: int | None = None
+    sync_each_batch: bool = False
+
+    @property
+    def autocast_kwargs(self) -> AutocastKwargs | None:
+        """The AutocastKwargs handler, if one was given."""
+        return self.handlers.get(AutocastKwargs)  # type: ignore[return-value]
+
+    @property
+    def profile_kwargs(self) -> ProfileKwargs | None:
+        """The ProfileKwargs handler, if one was given."""
+        return self.handlers.get(ProfileKwargs)  # type: ignore[return-value]
+
+    def ddp_comm_hook(self) -> dict[str, Any] | None:
+        """The DDP communication hook to register, or None."""
+        ddp = self.handlers.get(DistributedDataParallelKwargs)
+        if ddp is None or str(ddp.comm_hook) == "no":
+            return None
+        return {"hook": ddp.comm_hook, "wrapper": ddp.comm_wrapper, "state_option": ddp.comm_state_option}
+
+
+def collect_handlers(kwargs_handlers: Sequence[KwargsHandler] | None) -> dict[type, KwargsHandler]:
+    """One handler per type; an unknown object or a repeated type is an error."""
+    handlers: dict[type, KwargsHandler] = {}
+    for handler in kwargs_handlers or []:
+        kind = next((t for t in _HANDLER_TYPES if isinstance(handler, t)), None)
+        if kind is None:
+            names = ", ".join(t.__name__ for t in _HANDLER_TYPES)
+            raise TypeError(f"Accelerator(kwargs_handlers=...) got {handler!r}; valid handlers: {names}.")
+        if kind in handlers:
+            raise ValueError(f"Accelerator(kwargs_handlers=...) got two {kind.__name__} objects; pass one.")
+        handlers[kind] = handler
+    return handlers
+
+
+def resolve_compat_options(
+    *,
+    kwargs_handlers: Sequence[KwargsHandler] | None,
+    gradient_accumulation_steps: int | None,
+    gradient_accumulation_plugin: GradientAccumulationPlugin | None,
+    megatron_lm_plugin: Any,
+    rng_types: Sequence[Any] | None,
+) -> CompatOptions:
+    """Validate the options and return what the Accelerator needs from them."""
+    options = CompatOptions(handlers=collect_handlers(kwargs_handlers))
+    if megatron_lm_plugin is not None:
+        raise NotImplementedError("Accelerator(megatron_lm_plugin=...): trainkit does not drive Megatron-LM; use FSDP2.")
+    if gradient_accumulation_plugin is not None:
+        if gradient_accumulation_steps not in (None, 1):
+            raise ValueError("Pass either gradient_accumulation_steps or gradient_accumulation_plugin, not both.")
+        if not gradient_accumulation_plugin.sync_with_dataloader:
+            raise NotImplementedError(
+                "GradientAccumulationPlugin(sync_with_dataloader=False): trainkit always closes the accumulation "
+                "window at the end of a dataloader, so the last short window of an epoch still steps.")
+        options.accumulation_steps = gradient_accumulation_plugin.num_steps
+        options.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
+    if rng_types:
+        logger.warning("Accelerator(rng_types=%s): no effect in trainkit; shuffling order comes from a seeded "
+                       "sampler (DataLoaderConfiguration.data_seed), identical on every process.", list(rng_types))
+    return options
+
+
+def announce_dataloader_options(config: DataLoaderConfiguration, project: ProjectConfiguration) -> None:
+    """One line for each option that changes nothing in trainkit (see docs/migrating-from-accelerate.md)."""
+    if config.dispatch_batches:
+        logger.warning("DataLoaderConfiguration(dispatch_batches=True): iterable datasets are read by the main "
+                       "process and dispatched; map-style datasets are read by each process (its own part of the "
+                       "same batches).")
+    if not config.use_seedable_sampler:
+        logger.warning("DataLoaderConfiguration(use_seedable_sampler=False): trainkit always shuffles with a seeded "
+                       "sampler (same order on every process, resumable).")
+    if project.save_on_each_node:
+        logger.warning("ProjectConfiguration(save_on_each_node=True): trainkit writes each checkpoint once, into "
+                       "one folder; machines need a shared filesystem for multi-machine checkpoints.")

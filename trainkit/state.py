@@ -1,0 +1,74 @@
+"""``accelerate.state``'s names: ``PartialState``, ``AcceleratorState``, ``GradientState``.
+
+trainkit keeps one process state (:class:`trainkit.engine.state.ProcessState`); ``PartialState()`` and
+``AcceleratorState()`` both return it, so their attributes and methods (``distributed_type``,
+``print``, ``wait_for_everyone``, ``split_between_processes``, ``destroy_process_group``...) are the
+same object's. ``GradientState()`` returns the accumulation state of the newest Accelerator.
+``isinstance(obj, PartialState)`` holds for the process state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainkit.engine.accumulation import GradientState as _EngineGradientState
+from trainkit.engine.state import ProcessState
+from trainkit.utils.enums import DistributedType
+
+__all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessState"]
+
+
+class _SharedStateAlias(type):
+    """Calling the alias returns the shared object; ``isinstance`` checks against its real class."""
+
+    target: type
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, cls.target)
+
+
+class PartialState(metaclass=_SharedStateAlias):
+    """Accelerate's ``PartialState()``: the process's state, created on first use (``cpu=True`` forces CPU)."""
+
+    target = ProcessState
+
+    def __new__(cls, cpu: bool = False, **kwargs: Any) -> ProcessState:  # type: ignore[misc]
+        return ProcessState.get(cpu=cpu or None)  # False is Accelerate's default, not a request: --cpu applies
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the state and tear down the process group trainkit created (for tests)."""
+        ProcessState.reset()
+
+
+class AcceleratorState(PartialState):
+    """Accelerate's ``AcceleratorState()``: the same process state; Accelerator-level values come from
+    the newest Accelerator (``distributed_type``, ``mixed_precision``, ``fsdp_plugin``)."""
+
+    def __new__(cls, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> ProcessState:  # type: ignore[misc]
+        state = ProcessState.get(cpu=cpu or None)
+        if mixed_precision is not None and mixed_precision != state.mixed_precision:
+            raise ValueError(f"AcceleratorState(mixed_precision={mixed_precision!r}): the Accelerator already uses "
+                             f"{state.mixed_precision!r}; set it with Accelerator(mixed_precision=...).")
+        return state
+
+    @staticmethod
+    def _reset_state(reset_partial_state: bool = False) -> None:
+        """Detach the Accelerator (and, with ``reset_partial_state``, forget the process state)."""
+        if ProcessState._instance is not None:
+            ProcessState._instance._accelerator_ref = None
+        if reset_partial_state:
+            ProcessState.reset()
+
+
+class GradientState(metaclass=_SharedStateAlias):
+    """Accelerate's ``GradientState()``: the newest Accelerator's accumulation state (a fresh one before any)."""
+
+    target = _EngineGradientState
+
+    def __new__(cls, gradient_accumulation_plugin: Any = None) -> _EngineGradientState:  # type: ignore[misc]
+        accelerator = ProcessState._instance.accelerator if ProcessState._instance is not None else None
+        if accelerator is not None:
+            return accelerator.gradient_state
+        steps = getattr(gradient_accumulation_plugin, "num_steps", None) or 1
+        return _EngineGradientState(int(steps))

@@ -1,0 +1,36 @@
+"""Building a model without allocating its weights: ``init_empty_weights`` / ``init_on_device``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def init_on_device(device: torch.device | str, include_buffers: bool = False) -> Iterator[None]:
+    """Create the parameters (and, with ``include_buffers``, the buffers) of modules built inside on ``device``."""
+    if include_buffers:
+        with torch.device(device):
+            yield
+        return
+    original = nn.Module.register_parameter
+
+    def register_on_device(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        original(module, name, param)
+        if param is not None:
+            moved = module._parameters[name].to(device)
+            module._parameters[name] = type(param)(moved, requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = register_on_device  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = original  # type: ignore[method-assign]
+
+
+def init_empty_weights(include_buffers: bool = False) -> contextlib.AbstractContextManager:
+    """Build modules on the ``meta`` device (shapes only, no memory); materialise them later (e.g. FSDP2)."""
+    return init_on_device(torch.device("meta"), include_buffers=include_buffers)
