@@ -133,6 +133,8 @@ class DeepSpeedSettings:
     no_effect: list[str] = dataclasses.field(default_factory=list)
     mapping: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     """(DeepSpeed key, the trainkit setting it became), for ``trainkit config --show``."""
+    deepspeed_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The config as given (Accelerate scripts read ``deepspeed_plugin.deepspeed_config``)."""
 
     def notice(self) -> str | None:
         """One line naming the accepted keys that change nothing under FSDP2, or None."""
@@ -165,7 +167,8 @@ def translate(config: Mapping[str, Any], auto: AutoValues, *, where: str = "Deep
     """Check every key of ``config``, fill ``"auto"`` from ``auto``, and map it (see module doc)."""
     flat = _flatten(config)
     _refuse(flat, where)
-    settings = DeepSpeedSettings(no_effect=sorted(key for key in flat if _is_no_effect(key)))
+    settings = DeepSpeedSettings(no_effect=sorted(key for key in flat if _is_no_effect(key)),
+                                 deepspeed_config=json.loads(json.dumps(config)))
     for key in flat:
         if key not in ACTED_ON and not _is_no_effect(key) and key not in REFUSED and key.split(".")[0] not in REFUSED:
             block = key.rpartition(".")[0]
