@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from . import checkpoints, resume
+from .checkpoint_manager import CheckpointManager
 from .arguments import TrainingArguments
 from .callbacks import (
     CallbackHandler,
@@ -110,7 +111,8 @@ class Trainer:
         self._num_parameters = sum(p.numel() for p in model.parameters())
         self._eval_dataloaders: dict[Any, DataLoader] = {}
         self._last_grad_norm: torch.Tensor | None = None
-        self._resumed_from: str | None = None
+        self.checkpoint_manager = CheckpointManager(self)
+        """Saves, resume point, rotation and the best model: every checkpoint goes through it."""
         default_callbacks = [DefaultFlowCallback, TrackerCallback(self.accelerator),
                              PrinterCallback if self.args.disable_tqdm else ProgressCallback]
         self.callback_handler = CallbackHandler(default_callbacks + list(callbacks or []), self.model,
@@ -133,7 +135,9 @@ class Trainer:
             # The Trainer accumulates itself (it must count the window's items first), so the engine steps every call.
             gradient_accumulation_steps=1,
             cpu=args.use_cpu or None,
-            dataloader_config=DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed),
+            # The Trainer resumes at the exact next batch: its loader's position is restored, never replayed.
+            dataloader_config=DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed,
+                                                      use_stateful_dataloader=True),
             log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
             project_dir=args.output_dir,
         )
@@ -267,7 +271,7 @@ class Trainer:
               ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
         """Train for ``max_steps`` or ``num_train_epochs``; resume from a checkpoint folder, or the latest with True
         (and, after a torchelastic restart, from the latest by itself unless told False)."""
-        resume_from_checkpoint = resume.resolve_resume_folder(self, resume_from_checkpoint)
+        resume_from_checkpoint = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
         train_dataloader = self.get_train_dataloader()
         plan = training_plan(train_dataloader, self.args.gradient_accumulation_steps,
                              self.args.max_steps, self.args.num_train_epochs)
@@ -427,10 +431,8 @@ class Trainer:
         leftover = self.meter.flush()  # steps since the last log still count in train_loss
         if leftover:
             self._count_tokens(leftover["tokens"])
-        if args.load_best_model_at_end and state.best_model_checkpoint is not None:
-            self.accelerator.wait_for_everyone()
-            logger.info("Loading the best model from %s (%s=%s).", state.best_model_checkpoint, args.metric_for_best_model, state.best_metric)
-            checkpoints.load_model_weights(self, state.best_model_checkpoint)
+        if args.load_best_model_at_end:
+            self.checkpoint_manager.load_best_model()
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * self.accelerator.num_processes
         metrics = speed_metrics("train", start, num_samples=steps_run * global_batch, num_steps=steps_run)
         metrics.update(total_flos=state.total_flos, train_loss=self.meter.train_loss)
@@ -441,11 +443,11 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save_checkpoint(self) -> None:
-        checkpoints.save_training_checkpoint(self)
+        self.checkpoint_manager.save()
 
     def _resume(self, folder: str, train_dataloader, plan: TrainingPlan) -> resume.ResumePoint:
         """Load ``folder``; return where the loop picks up in the current epoch."""
-        return resume.resume_training(self, folder, train_dataloader, plan.steps_per_epoch)
+        return self.checkpoint_manager.resume(folder, train_dataloader, plan.steps_per_epoch)
 
     # ------------------------------------------------------------------ evaluation and prediction
 

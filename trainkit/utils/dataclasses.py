@@ -29,6 +29,9 @@ class DataLoaderConfiguration:
         seeded one (same order on every rank, resumable) — see docs/engine.md.
     non_blocking: copy batches to the device with ``non_blocking=True``.
     data_seed: seed of the shuffling order; default: drawn from torch's RNG (so ``set_seed`` fixes it).
+    use_stateful_dataloader: ``load_state`` also restores each prepared loader's position inside its
+        epoch (exact and reshardable; see docs/checkpoints.md). False (Accelerate's default): ``load_state``
+        restores the epoch only and the script calls ``skip_first_batches`` for the batches already seen.
     """
 
     split_batches: bool = False
@@ -36,6 +39,7 @@ class DataLoaderConfiguration:
     use_seedable_sampler: bool = True
     non_blocking: bool = False
     data_seed: int | None = None
+    use_stateful_dataloader: bool = False
 
 
 class KwargsHandler:
