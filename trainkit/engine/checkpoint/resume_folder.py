@@ -53,13 +53,15 @@ def latest_checkpoint_in(run_dir: str, conventions: Sequence[FolderConvention] =
 
 def find_resume_folder(requested: str | os.PathLike | bool | None, run_dir: str | None, *,
                        latest_when_unset: bool = False,
-                       conventions: Sequence[FolderConvention] = ALL_CONVENTIONS) -> str | None:
+                       conventions: Sequence[FolderConvention] = ALL_CONVENTIONS,
+                       automatic_reason: str | None = None) -> str | None:
     """Collective: the checkpoint folder to resume from, or None to start from the beginning.
 
     ``requested``: a folder (must exist); ``True``: the latest under ``run_dir`` (an error when there is
     none); ``False``: never resume; None: the latest when ``latest_when_unset`` (an error when there is
-    none), else nothing. After a torchelastic restart, None means the latest, and finding none is not an
-    error: the run starts afresh, and a warning says which. Rank 0 decides, so every rank gets one answer.
+    none), else nothing. After a torchelastic restart, or when the caller gives an ``automatic_reason``
+    (e.g. "the previous run was preempted"), None means the latest, and finding none is not an error: the
+    run starts afresh, and a warning says which. Rank 0 decides, so every rank gets one answer.
     """
     if requested is False:
         return None
@@ -69,20 +71,20 @@ def find_resume_folder(requested: str | os.PathLike | bool | None, run_dir: str 
             raise FileNotFoundError(f"Cannot resume from {folder!r}: no such folder.")
         return folder
     restarts = restart_count() if requested is None else 0
-    if requested is None and not latest_when_unset and not restarts:
+    reason = f"Restart {restarts} of this job" if restarts else automatic_reason if requested is None else None
+    if requested is None and not latest_when_unset and not reason:
         return None
     if run_dir is None:
         raise ValueError("Resuming from the latest checkpoint needs the run's folder (output_dir or project_dir).")
     latest = decide_on_rank0("find the latest checkpoint", lambda: latest_checkpoint_in(run_dir, conventions))
-    if latest is None and not restarts:
+    if latest is None and not reason:
         raise FileNotFoundError(f"No complete checkpoint under {run_dir} to resume from.")
-    if restarts and _is_rank0():
+    if reason and _is_rank0():
         if latest is None:
-            logger.warning("Restart %d of this job: no complete checkpoint under %s yet, so nothing is loaded and "
-                           "training starts from the beginning.", restarts, run_dir)
+            logger.warning("%s: no complete checkpoint under %s yet, so nothing is loaded and training starts "
+                           "from the beginning.", reason, run_dir)
         else:
-            logger.warning("Restart %d of this job: resuming automatically from %s, the latest complete "
-                           "checkpoint.", restarts, latest)
+            logger.warning("%s: resuming automatically from %s, the latest complete checkpoint.", reason, latest)
     return latest
 
 
