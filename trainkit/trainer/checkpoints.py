@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainkit.engine.checkpoint import (
     atomic_checkpoint,
@@ -33,6 +33,9 @@ from trainkit.engine.checkpoint import (
 )
 from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, latest_checkpoint_in
 from trainkit.engine.data import PreparedDataLoader
+
+if TYPE_CHECKING:  # the Trainer imports this module; its type is all that is needed here
+    from .trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +77,7 @@ def training_loaders(train_dataloader: Any) -> list[Any]:
     return [train_dataloader] if isinstance(train_dataloader, PreparedDataLoader) else []
 
 
-def save_checkpoint(trainer: Any, folder: str) -> str:
+def save_checkpoint(trainer: Trainer, folder: str) -> str:
     """Collective: write ``folder`` atomically (see the module doc); return it.
 
     An existing complete checkpoint of the same name (from an earlier run in the same output_dir) is
@@ -98,12 +101,12 @@ def save_checkpoint(trainer: Any, folder: str) -> str:
     return os.path.normpath(folder)
 
 
-def prepared_model(trainer: Any) -> Any:
+def prepared_model(trainer: Trainer) -> Any:
     """The model as the engine prepared it (DDP/FSDP), without torch.compile's wrapper."""
     return getattr(trainer.model_wrapped, "_orig_mod", trainer.model_wrapped)
 
 
-def save_model_companions(trainer: Any, folder: str) -> None:
+def save_model_companions(trainer: Trainer, folder: str) -> None:
     """Main process: ``config.json``, the generation config and the tokenizer, when the objects have them."""
     unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     config = getattr(unwrapped, "config", None)
@@ -116,7 +119,7 @@ def save_model_companions(trainer: Any, folder: str) -> None:
         trainer.processing_class.save_pretrained(folder)
 
 
-def save_model_files(trainer: Any, folder: str) -> None:
+def save_model_files(trainer: Trainer, folder: str) -> None:
     """Collective: full weights as safetensors (sharded above 10GB), plus config and tokenizer (``Trainer.save_model``)."""
     accelerator = trainer.accelerator
     accelerator.save_model(trainer.model_wrapped, folder)
@@ -124,7 +127,7 @@ def save_model_files(trainer: Any, folder: str) -> None:
         save_model_companions(trainer, folder)
 
 
-def save_training_checkpoint(trainer: Any, resumed_from: str | None = None, *, only_if_best: bool = True) -> str | None:
+def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, *, only_if_best: bool = True) -> str | None:
     """Collective: write checkpoint-{global_step}, rotate (never deleting ``resumed_from`` nor the best), upload;
     return the folder. Under save_strategy="best" only at a new best, unless ``only_if_best`` is False."""
     args, state = trainer.args, trainer.state
@@ -150,7 +153,7 @@ def save_training_checkpoint(trainer: Any, resumed_from: str | None = None, *, o
 
 
 # -- loading weights ------------------------------------------------------------------------------
-def load_model_weights(trainer: Any, folder: str) -> None:
+def load_model_weights(trainer: Trainer, folder: str) -> None:
     """Collective: verify ``folder`` and load its model weights (full or sharded) into the prepared model.
 
     Keys are checked before anything is copied: a checkpoint of another model names its missing,

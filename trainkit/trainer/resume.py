@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainkit.engine.data import PreparedDataLoader
 
 from .checkpoints import TRAINER_STATE_NAME, has_engine_state, load_model_weights, training_loaders
+
+if TYPE_CHECKING:  # the Trainer imports this module; its type is all that is needed here
+    from .trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +39,7 @@ class ResumePoint(NamedTuple):
 START = ResumePoint(0, 0)
 
 
-def resume_training(trainer: Any, folder: str, train_dataloader: Any, steps_per_epoch: int | None) -> ResumePoint:
+def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_per_epoch: int | None) -> ResumePoint:
     """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state)."""
     from .callbacks import TrainerState
 
@@ -65,7 +68,7 @@ def resume_training(trainer: Any, folder: str, train_dataloader: Any, steps_per_
     return ResumePoint(steps_done, steps_done * trainer.args.gradient_accumulation_steps)
 
 
-def _adopt_state(trainer: Any, loaded: Any) -> None:
+def _adopt_state(trainer: Trainer, loaded: Any) -> None:
     """Take the checkpoint's TrainerState, keeping what describes this run (its plan, its process)."""
     for name in ("max_steps", "num_train_epochs", "train_batch_size", "logging_steps", "eval_steps", "save_steps",
                  "is_local_process_zero", "is_world_process_zero"):
