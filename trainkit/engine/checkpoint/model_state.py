@@ -137,13 +137,10 @@ def prepare_model_load(strategy: Strategy, model: nn.Module, directory: str, ind
                                   [f"model {index}"], [], [])
 
 
-def _parameter_names(model: nn.Module) -> dict[int, list[str]]:
+def _parameter_names(strategy: Strategy, model: nn.Module) -> dict[int, list[str]]:
     """Every name of each parameter (tied ones have several), as torch's state-dict API spells them."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
     names: dict[int, list[str]] = {}
-    for name, parameter in inner.named_parameters(remove_duplicate=False):
+    for name, parameter in strategy.unwrap_model(model).named_parameters(remove_duplicate=False):
         for prefix in _WRAPPER_PREFIXES:
             name = name.replace(prefix, "")
         names.setdefault(id(parameter), []).append(name)
@@ -202,9 +199,10 @@ def _tensor_keys(skeleton: Any) -> list[str]:
     return keys
 
 
-def _check_optimizer_params(what: str, model: nn.Module, optimizer: torch.optim.Optimizer, saved_groups: list[Any]) -> None:
+def _check_optimizer_params(what: str, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
+                            saved_groups: list[Any]) -> None:
     """The checkpoint's parameter groups must name the optimizer's parameters (compared as sets of names)."""
-    names = _parameter_names(model)
+    names = _parameter_names(strategy, model)
     current = [{name for p in group["params"] for name in names.get(id(p), [f"<unnamed {id(p)}>"])}
                for group in optimizer.param_groups]
     saved = [set(group.get("params", [])) for group in saved_groups]
@@ -223,12 +221,12 @@ def prepare_optimizer_load(strategy: Strategy, model: nn.Module, optimizer: torc
     sharded_json = os.path.join(directory, f"{sharded_optimizer_dir(index)}.json")
     if os.path.isfile(os.path.join(directory, f"{full_name}.json")):
         state = state_io.load_state(directory, full_name)
-        _check_optimizer_params(f"optimizer {index}", model, optimizer, state.get("param_groups", []))
+        _check_optimizer_params(f"optimizer {index}", strategy, model, optimizer, state.get("param_groups", []))
         return PendingOptimizerLoad(strategy, model, optimizer, state)
     if os.path.isfile(sharded_json):
         skeleton = state_io.read_json(sharded_json)["state"]
         groups = state_io.decode_state(skeleton.get("param_groups", []), _Anything())
-        _check_optimizer_params(f"optimizer {index}", model, optimizer, groups)
+        _check_optimizer_params(f"optimizer {index}", strategy, model, optimizer, groups)
         return PendingOptimizerLoad(strategy, model, optimizer, None, skeleton, os.path.join(directory, sharded_optimizer_dir(index)))
     raise CheckpointMismatchError(f"optimizer list (no state for optimizer {index} in {directory})", [f"optimizer {index}"], [], [])
 
