@@ -53,7 +53,7 @@ def stop_and_resume(kind: str, **extra) -> None:
         output = resumed.train(resume_from_checkpoint=True)
         save_weights(f"{kind}-resumed-{stop}", resumed)
         write_json(f"{kind}-resumed-{stop}.json", {"global_step": output.global_step, "epoch": resumed.state.epoch,
-                                                   "resumed_from": resumed._resumed_from})
+                                                   "resumed_from": resumed.checkpoint_manager.resumed_from})
     write_json(f"{kind}-layout.json", {"checkpoint-3": layout, "world_size": full.accelerator.num_processes,
                                        "distributed_type": str(full.accelerator.distributed_type)})
 
@@ -81,7 +81,7 @@ def restart() -> None:
     trainer = make_trainer(output_dir)
     trainer.train()  # the script does not ask for a resume: the restart does
     save_weights("restart-resumed", trainer)
-    write_json("restart.json", {"attempt": ATTEMPT, "resumed_from": trainer._resumed_from,
+    write_json("restart.json", {"attempt": ATTEMPT, "resumed_from": trainer.checkpoint_manager.resumed_from,
                                 "global_step": trainer.state.global_step})
     reference = make_trainer(os.path.join(OUT, "restart-reference"))
     reference.train()

@@ -85,13 +85,13 @@ def test_after_a_restart_train_resumes_by_itself_and_says_so(uninterrupted, tmp_
         resumed.train()  # no argument: the script is unchanged
     assert "Restart 1 of this job: resuming automatically from" in caplog.text
     assert "checkpoint-99" in caplog.text and "Skipping incomplete" in caplog.text
-    assert resumed._resumed_from.endswith("checkpoint-6")
+    assert resumed.checkpoint_manager.resumed_from.endswith("checkpoint-6")
     _assert_bitwise_equal(expected, final_weights(resumed))
     assert not os.path.exists(os.path.join(output_dir, ".checkpoint-7.staging"))  # cleared when step 7 was saved
 
     fresh = make_trainer(output_dir, max_steps=1)
     fresh.train(resume_from_checkpoint=False)  # an explicit False wins over the restart
-    assert fresh._resumed_from is None and fresh.state.global_step == 1
+    assert fresh.checkpoint_manager.resumed_from is None and fresh.state.global_step == 1
 
 
 def test_restart_before_any_checkpoint_starts_from_the_beginning(tmp_path, monkeypatch, caplog):
@@ -171,7 +171,7 @@ def test_accelerator_load_state_with_automatic_naming_after_a_restart(tmp_path, 
         assert restarted.project_configuration.iteration == 2  # the next save_state() writes checkpoint_2
         nothing_yet, _ = accelerator_and_model(tmp_path / "empty")
         nothing_yet.load_state()  # a restart before the first save: nothing to load, not an error
-    assert "Restart 1 of this job: resuming from" in caplog.text and "checkpoint_1" in caplog.text
+    assert "Restart 1 of this job: resuming automatically from" in caplog.text and "checkpoint_1" in caplog.text
     assert "no complete checkpoint" in caplog.text
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
     with pytest.raises(FileNotFoundError):

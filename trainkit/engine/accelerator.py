@@ -40,6 +40,7 @@ from trainkit.engine.deepspeed import (
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.identity import ProcessIdentity
 from trainkit.engine.precision import Precision
+from trainkit.engine.prepared import PreparedObjects
 from trainkit.engine.process_control import only_when, split_inputs
 from trainkit.engine.state import ProcessState
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
@@ -165,6 +166,7 @@ class Accelerator(ProcessIdentity):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
+        self._loaded_from: str | None = None
         self._data_seed: int | None = None
         self._trigger = 0
         self.step = 0
@@ -214,6 +216,18 @@ class Accelerator(ProcessIdentity):
     def logging_dir(self) -> str | None:
         """Where trackers write."""
         return self.project_configuration.logging_dir
+
+    @property
+    def prepared(self) -> PreparedObjects:
+        """What ``prepare`` and ``register_for_checkpointing`` hold, read-only (a snapshot)."""
+        return PreparedObjects(models=tuple(self._models), optimizers=tuple(self._optimizers),
+                               schedulers=tuple(self._schedulers), dataloaders=tuple(self._dataloaders),
+                               custom_objects=tuple(self._custom_objects))
+
+    @property
+    def loaded_checkpoint(self) -> str | None:
+        """The folder ``load_state`` last loaded (automatic rotation never deletes it), else None."""
+        return self._loaded_from
 
     # -- accumulation -----------------------------------------------------------------------------
     @property
@@ -506,10 +520,16 @@ class Accelerator(ProcessIdentity):
         return save_accelerator_state(self, output_dir, **kwargs)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
-        """Restore everything ``save_state`` wrote (the latest complete checkpoint when no path is given)."""
+        """Restore everything ``save_state`` wrote (the latest complete checkpoint when no path is given).
+
+        Dataloaders get back their epoch; their position inside it only with
+        ``DataLoaderConfiguration(use_stateful_dataloader=True)`` (else call ``skip_first_batches``).
+        """
         from trainkit.engine.checkpointing import load_accelerator_state
 
-        load_accelerator_state(self, input_dir, **kwargs)
+        loaded = load_accelerator_state(self, input_dir, **kwargs)
+        if loaded is not None:
+            self._loaded_from = loaded
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget prepared objects and release cached device memory."""

@@ -14,29 +14,32 @@ engine's, so every file is written once::
 
 The folder is staged under a hidden name and renamed into place once complete, so a process killed
 while saving leaves the previous checkpoints untouched; "complete" means the manifest matches the files.
-Resuming is in :mod:`.resume`.
+Resuming is in :mod:`.resume`; the Trainer reaches both through its one :class:`.checkpoint_manager.CheckpointManager`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainkit.engine.checkpoint import (
     atomic_checkpoint,
-    latest_complete_checkpoint,
     list_checkpoints,
     model_state,
     rotate_checkpoints,
     verify_checkpoint,
     write_state_files,
 )
+from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, latest_checkpoint_in
 from trainkit.engine.data import PreparedDataLoader
+
+if TYPE_CHECKING:  # the Trainer imports this module; its type is all that is needed here
+    from .trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "checkpoint-"
+PREFIX = TRAINER_CONVENTION.prefix
 TRAINER_STATE_NAME = "trainer_state.json"
 TRAINING_ARGS_NAME = "training_args.json"
 MODEL_WEIGHTS_NAME = model_state.model_file(0)
@@ -60,7 +63,7 @@ def sorted_checkpoints(output_dir: str, complete_only: bool = True) -> list[str]
 
 def latest_checkpoint(output_dir: str) -> str | None:
     """The newest complete checkpoint in ``output_dir``; newer incomplete ones are skipped with a warning."""
-    return latest_complete_checkpoint(output_dir, PREFIX)
+    return latest_checkpoint_in(output_dir, [TRAINER_CONVENTION])
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -74,7 +77,7 @@ def training_loaders(train_dataloader: Any) -> list[Any]:
     return [train_dataloader] if isinstance(train_dataloader, PreparedDataLoader) else []
 
 
-def save_checkpoint(trainer: Any, folder: str) -> str:
+def save_checkpoint(trainer: Trainer, folder: str) -> str:
     """Collective: write ``folder`` atomically (see the module doc); return it.
 
     An existing complete checkpoint of the same name (from an earlier run in the same output_dir) is
@@ -84,9 +87,9 @@ def save_checkpoint(trainer: Any, folder: str) -> str:
     metadata = {"kind": "trainer_checkpoint", "global_step": trainer.state.global_step}
     with atomic_checkpoint(folder, metadata=metadata, replace=True) as staging:
         if args.save_only_model:
-            model = prepared_model(trainer)
-            sharded = model_state.is_sharded(model) and bool(getattr(accelerator.strategy, "sharded_checkpoints", True))
-            model_state.save_model(model, staging, 0, sharded, accelerator.is_main_process)
+            model, strategy = prepared_model(trainer), accelerator.strategy
+            model_state.save_model(strategy, model, staging, 0, strategy.checkpoint_is_sharded(model),
+                                   accelerator.is_main_process)
         else:
             loaders = training_loaders(trainer.callback_handler.train_dataloader)
             write_state_files(accelerator, staging, dataloaders=loaders)
@@ -98,12 +101,12 @@ def save_checkpoint(trainer: Any, folder: str) -> str:
     return os.path.normpath(folder)
 
 
-def prepared_model(trainer: Any) -> Any:
+def prepared_model(trainer: Trainer) -> Any:
     """The model as the engine prepared it (DDP/FSDP), without torch.compile's wrapper."""
     return getattr(trainer.model_wrapped, "_orig_mod", trainer.model_wrapped)
 
 
-def save_model_companions(trainer: Any, folder: str) -> None:
+def save_model_companions(trainer: Trainer, folder: str) -> None:
     """Main process: ``config.json``, the generation config and the tokenizer, when the objects have them."""
     unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     config = getattr(unwrapped, "config", None)
@@ -116,7 +119,7 @@ def save_model_companions(trainer: Any, folder: str) -> None:
         trainer.processing_class.save_pretrained(folder)
 
 
-def save_model_files(trainer: Any, folder: str) -> None:
+def save_model_files(trainer: Trainer, folder: str) -> None:
     """Collective: full weights as safetensors (sharded above 10GB), plus config and tokenizer (``Trainer.save_model``)."""
     accelerator = trainer.accelerator
     accelerator.save_model(trainer.model_wrapped, folder)
@@ -124,12 +127,13 @@ def save_model_files(trainer: Any, folder: str) -> None:
         save_model_companions(trainer, folder)
 
 
-def save_training_checkpoint(trainer: Any) -> None:
-    """Collective: write checkpoint-{global_step} (under save_strategy="best" only at a new best), rotate, upload."""
+def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, *, only_if_best: bool = True) -> str | None:
+    """Collective: write checkpoint-{global_step}, rotate (never deleting ``resumed_from`` nor the best), upload;
+    return the folder. Under save_strategy="best" only at a new best, unless ``only_if_best`` is False."""
     args, state = trainer.args, trainer.state
     is_best = state.best_global_step == state.global_step
-    if args.save_strategy == "best" and not is_best:
-        return
+    if only_if_best and args.save_strategy == "best" and not is_best:
+        return None
     folder = checkpoint_folder(args.output_dir, state.global_step)
     if is_best:
         state.best_model_checkpoint = folder
@@ -138,24 +142,25 @@ def save_training_checkpoint(trainer: Any) -> None:
     save_checkpoint(trainer, folder)
     if trainer.accelerator.is_main_process:
         rotate_checkpoints(args.output_dir, args.save_total_limit,
-                           protected=[state.best_model_checkpoint, trainer._resumed_from], prefix=PREFIX)
+                           protected=[state.best_model_checkpoint, resumed_from], prefix=PREFIX)
         if trainer.hub is not None and args.hub_strategy != "end":
             in_repo = os.path.basename(folder) if args.hub_strategy in ("checkpoint", "all_checkpoints") else None
             ignored = None if args.hub_strategy == "all_checkpoints" else list(TRAINING_STATE_PATTERNS)
             trainer.hub.upload(folder, f"Training in progress, step {state.global_step}", path_in_repo=in_repo,
                                ignore_patterns=ignored)
     trainer.accelerator.wait_for_everyone()
+    return os.path.normpath(folder)
 
 
 # -- loading weights ------------------------------------------------------------------------------
-def load_model_weights(trainer: Any, folder: str) -> None:
+def load_model_weights(trainer: Trainer, folder: str) -> None:
     """Collective: verify ``folder`` and load its model weights (full or sharded) into the prepared model.
 
     Keys are checked before anything is copied: a checkpoint of another model names its missing,
     unexpected and mis-shaped keys and leaves the model untouched.
     """
     verify_checkpoint(folder)
-    model_state.prepare_model_load(prepared_model(trainer), folder, 0).apply()
+    model_state.prepare_model_load(trainer.accelerator.strategy, prepared_model(trainer), folder, 0).apply()
 
 
 def has_engine_state(folder: str) -> bool:

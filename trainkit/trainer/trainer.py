@@ -33,6 +33,7 @@ from .callbacks import (
     TrainerControl,
     TrainerState,
 )
+from .checkpoint_manager import CheckpointManager
 from .data import (
     ItemCounter,
     accepted_columns,
@@ -117,7 +118,8 @@ class Trainer:
         self._num_parameters = sum(p.numel() for p in model.parameters())
         self._eval_dataloaders: dict[Any, DataLoader] = {}
         self._last_grad_norm: torch.Tensor | None = None
-        self._resumed_from: str | None = None
+        self.checkpoint_manager = CheckpointManager(self)
+        """Saves, resume point, rotation and the best model: every checkpoint goes through it."""
         default_callbacks = [DefaultFlowCallback, TrackerCallback(self.accelerator),
                              PrinterCallback if self.args.disable_tqdm else ProgressCallback]
         self.callback_handler = CallbackHandler(default_callbacks + list(callbacks or []), self.model,
@@ -295,7 +297,7 @@ class Trainer:
             self.is_in_train = False
 
     def _train_once(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
-        resume_from_checkpoint = resume.resolve_resume_folder(self, resume_from_checkpoint)
+        resume_from_checkpoint = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
         train_dataloader = self.get_train_dataloader()
         plan = training_plan(train_dataloader, self.args.gradient_accumulation_steps,
                              self.args.max_steps, self.args.num_train_epochs)
@@ -447,10 +449,8 @@ class Trainer:
         leftover = self.meter.flush()  # steps since the last log still count in train_loss
         if leftover:
             self._count_tokens(leftover["tokens"])
-        if args.load_best_model_at_end and state.best_model_checkpoint is not None:
-            self.accelerator.wait_for_everyone()
-            logger.info("Loading the best model from %s (%s=%s).", state.best_model_checkpoint, args.metric_for_best_model, state.best_metric)
-            checkpoints.load_model_weights(self, state.best_model_checkpoint)
+        if args.load_best_model_at_end:
+            self.checkpoint_manager.load_best_model()
         global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * self.accelerator.num_processes
         metrics = speed_metrics("train", start, num_samples=steps_run * global_batch, num_steps=steps_run)
         metrics.update(total_flos=state.total_flos, train_loss=self.meter.train_loss)
@@ -461,11 +461,11 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _save_checkpoint(self) -> None:
-        checkpoints.save_training_checkpoint(self)
+        self.checkpoint_manager.save()
 
     def _resume(self, folder: str, train_dataloader, plan: TrainingPlan) -> resume.ResumePoint:
         """Load ``folder``; return where the loop picks up in the current epoch."""
-        return resume.resume_training(self, folder, train_dataloader, plan.steps_per_epoch)
+        return self.checkpoint_manager.resume(folder, train_dataloader, plan.steps_per_epoch)
 
     # ------------------------------------------------------------------ evaluation and prediction
 

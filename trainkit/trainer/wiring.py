@@ -34,7 +34,9 @@ def engine_options(args: Any) -> dict[str, Any]:
     chosen = {key: value for key, value in ddp_fields.items() if value is not None}
     if chosen:
         handlers.append(DistributedDataParallelKwargs(**chosen))
-    data_config = DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed)
+    # The Trainer resumes at the exact next batch: its loader's position is restored, never replayed.
+    data_config = DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed,
+                                          use_stateful_dataloader=True)
     for key, value in args.accelerator_config.items():
         if key == "use_configured_state":
             continue  # trainkit always reuses the process's existing state: what True asks for

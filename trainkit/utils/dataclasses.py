@@ -32,8 +32,9 @@ class DataLoaderConfiguration:
         every rank, resumable), so this is True by default; False is accepted with a one-line notice.
     non_blocking: copy batches to the device with ``non_blocking=True``.
     data_seed: seed of the shuffling order; default: drawn from torch's RNG (so ``set_seed`` fixes it).
-    use_stateful_dataloader: save the dataloader's exact position in ``save_state`` and continue from
-        it in ``load_state`` (see docs/checkpoints.md).
+    use_stateful_dataloader: ``load_state`` also restores each prepared loader's position inside its
+        epoch (exact and reshardable; see docs/checkpoints.md). False (Accelerate's default): ``load_state``
+        restores the epoch only and the script calls ``skip_first_batches`` for the batches already seen.
     dispatch_batches: for an iterable dataset, True makes the main process read every global batch and
         send each process its slice (the others read nothing); None or False (trainkit's default, unlike
         Accelerate's) lets every process read only its own shards — see docs/streaming.md. For a map-style

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainkit import Accelerator
 from trainkit.utils import set_seed
-from trainkit.utils.dataclasses import ProjectConfiguration
+from trainkit.utils.dataclasses import DataLoaderConfiguration, ProjectConfiguration
 
 NUM_SAMPLES, FEATURES = 88, 8  # 11 global batches of 8: the last accumulation window of an epoch is short
 
@@ -68,8 +68,10 @@ def make_accelerator(args: argparse.Namespace) -> Accelerator:
         from trainkit import FullyShardedDataParallelPlugin
 
         kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(state_dict_type=args.fsdp)
+    # The loop below resumes mid-epoch without skip_first_batches: the loader's position is restored.
     return Accelerator(cpu=True, gradient_accumulation_steps=2, mixed_precision="fp16" if args.fp16 else "no",
-                       project_config=project, **kwargs)
+                       project_config=project, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),
+                       **kwargs)
 
 
 def install_kill(rank: int, at_save: int) -> None:

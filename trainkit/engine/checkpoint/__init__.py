@@ -24,6 +24,7 @@ from .errors import (
     CorruptedCheckpointError,
     IncompleteCheckpointError,
 )
+from .resume_folder import find_resume_folder, latest_checkpoint_in, restart_count
 
 __all__ = [
     "MANIFEST_NAME",
@@ -37,9 +38,12 @@ __all__ = [
     "commit_checkpoint",
     "is_complete",
     "latest_complete_checkpoint",
+    "find_resume_folder",
+    "latest_checkpoint_in",
     "list_checkpoints",
     "load_accelerator_state",
     "read_manifest",
+    "restart_count",
     "rotate_checkpoints",
     "save_accelerator_state",
     "verify_checkpoint",

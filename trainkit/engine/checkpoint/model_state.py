@@ -1,9 +1,10 @@
 """Model and optimizer state in a checkpoint: full (safetensors, written by rank 0) or sharded (DCP).
 
-torch's ``torch.distributed.checkpoint.state_dict`` API reads and writes plain, DDP and FSDP2 models
-alike with the user's parameter names, so the same files load into any of them: save under DDP on
-2 processes, resume on 1; save FSDP2 shards on 2, resume on 1. Loading is split into *check* (keys,
-shapes; no side effects) and *apply*, so a mismatching checkpoint leaves the model untouched.
+State dicts are read and written through the strategy's state-dict I/O (:class:`~trainkit.engine.strategies.Strategy`),
+which names keys as the user's module does under every wrapper, so the same files load into any of them:
+save under DDP on 2 processes, resume on 1; save FSDP2 shards on 2, resume on 1. This module only decides
+files and formats. Loading is split into *check* (keys, shapes; no side effects) and *apply*, so a
+mismatching checkpoint leaves the model untouched.
 """
 
 from __future__ import annotations
@@ -14,15 +15,11 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from trainkit.engine.strategies.base import Strategy
+
 from . import state_io
 from .errors import CheckpointMismatchError
-
-def _dcp():
-    """``torch.distributed.checkpoint.state_dict``, imported on first use: it costs ~0.5 s (DTensor,
-    sympy), which no run should pay at start-up before it saves or loads anything."""
-    import torch.distributed.checkpoint.state_dict as dcp_state_dict
-
-    return dcp_state_dict
 
 
 def _sharded_io():
@@ -32,16 +29,6 @@ def _sharded_io():
 
 
 _WRAPPER_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """True for an FSDP2 model (its parameters are DTensors, at rest)."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
-    # Asked by module type first: after a forward without backward (an evaluation) FSDP2 leaves the
-    # root's parameters unsharded, plain tensors, until the next forward or state-dict call.
-    return any(isinstance(m, FSDPModule) for m in model.modules()) or any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def _suffix(index: int) -> str:
@@ -69,36 +56,21 @@ def sharded_optimizer_dir(index: int) -> str:
 
 
 # -- saving --------------------------------------------------------------------------------------------
-def save_model(model: nn.Module, directory: str, index: int, sharded: bool, is_main: bool) -> None:
+def save_model(strategy: Strategy, model: nn.Module, directory: str, index: int, sharded: bool, is_main: bool) -> None:
     """Collective: write the model's state into ``directory``."""
     if sharded:
-        state = _dcp().get_model_state_dict(model, options=_dcp().StateDictOptions(full_state_dict=False))
+        state = strategy.model_state_dict(model, full=False)
         _sharded_io().save_sharded(state, os.path.join(directory, sharded_model_dir(index)))
         return
-    state = _dcp().get_model_state_dict(model, options=_dcp().StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = strategy.model_state_dict(model, full=True, cpu_offload=True)
     if is_main:
         state_io.save_tensors(state, os.path.join(directory, model_file(index)))
 
 
-def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, full: bool) -> dict[str, Any]:
-    """The optimizer's state keyed by parameter names.
-
-    torch's API initialises an optimizer that has no state yet by taking one zero-gradient step;
-    that must not leak into a checkpoint (Adam's step count would be 1) nor into the running optimizer.
-    """
-    untouched = not optimizer.state
-    options = _dcp().StateDictOptions(full_state_dict=full, cpu_offload=full)
-    state = _dcp().get_optimizer_state_dict(model, optimizer, options=options)
-    if untouched and optimizer.state:
-        optimizer.state.clear()
-        state = {**state, "state": {}}
-    return state
-
-
-def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str, index: int,
+def save_optimizer(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str, index: int,
                    sharded: bool, is_main: bool) -> None:
     """Collective: write the optimizer's state into ``directory`` (structure as JSON, tensors beside it)."""
-    state = _optimizer_state(model, optimizer, full=not sharded)
+    state = strategy.optimizer_state_dict(model, optimizer, full=not sharded, cpu_offload=not sharded)
     if not sharded:
         if is_main:
             state_io.save_state(state, directory, optimizer_name(index))
@@ -116,6 +88,7 @@ def save_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, directory
 class PendingModelLoad:
     """A model's checkpoint state, checked against the model and ready to apply."""
 
+    strategy: Strategy
     model: nn.Module
     full_state: dict[str, torch.Tensor] | None  # full checkpoint
     sharded_path: str | None  # sharded checkpoint
@@ -123,18 +96,18 @@ class PendingModelLoad:
     def apply(self) -> None:
         """Collective: copy the state into the model."""
         if self.full_state is not None:
-            _dcp().set_model_state_dict(self.model, self.full_state, options=_dcp().StateDictOptions(full_state_dict=True, strict=True))
+            self.strategy.load_model_state_dict(self.model, self.full_state, full=True)
             return
-        current = _dcp().get_model_state_dict(self.model, options=_dcp().StateDictOptions(full_state_dict=False))
+        current = self.strategy.model_state_dict(self.model, full=False)
         # Loaded into fresh tensors first: a failing read must not leave the model half-overwritten.
         loaded = {key: torch.empty_like(value) for key, value in current.items()}
         _sharded_io().load_sharded(loaded, self.sharded_path)
-        _dcp().set_model_state_dict(self.model, loaded, options=_dcp().StateDictOptions(strict=True))
+        self.strategy.load_model_state_dict(self.model, loaded, full=False)
 
 
-def expected_model_shapes(model: nn.Module) -> dict[str, tuple[int, ...]]:
+def expected_model_shapes(strategy: Strategy, model: nn.Module) -> dict[str, tuple[int, ...]]:
     """Global shapes of the model's state, with the user's names (no communication, no copies)."""
-    state = _dcp().get_model_state_dict(model, options=_dcp().StateDictOptions(full_state_dict=False))
+    state = strategy.model_state_dict(model, full=False)
     return {key: tuple(value.shape) for key, value in state.items()}
 
 
@@ -148,29 +121,26 @@ def compare_keys(what: str, expected: dict[str, tuple[int, ...]], saved: dict[st
         raise CheckpointMismatchError(what, missing, unexpected, mis_shaped)
 
 
-def prepare_model_load(model: nn.Module, directory: str, index: int) -> PendingModelLoad:
+def prepare_model_load(strategy: Strategy, model: nn.Module, directory: str, index: int) -> PendingModelLoad:
     """Read and check the ``index``-th model's state from ``directory`` (full or sharded, whichever is there)."""
-    expected = expected_model_shapes(model)
+    expected = expected_model_shapes(strategy, model)
     full_path = os.path.join(directory, model_file(index))
     sharded_path = os.path.join(directory, sharded_model_dir(index))
     if os.path.isfile(full_path):
         state = state_io.load_tensors(full_path)
         compare_keys(f"model {index} ({model_file(index)})", expected, {k: tuple(v.shape) for k, v in state.items()})
-        return PendingModelLoad(model, state, None)
+        return PendingModelLoad(strategy, model, state, None)
     if os.path.isdir(sharded_path):
         compare_keys(f"model {index} ({sharded_model_dir(index)}/)", expected, _sharded_io().saved_tensor_shapes(sharded_path))
-        return PendingModelLoad(model, None, sharded_path)
+        return PendingModelLoad(strategy, model, None, sharded_path)
     raise CheckpointMismatchError(f"model list (no {model_file(index)} nor {sharded_model_dir(index)}/ in {directory})",
                                   [f"model {index}"], [], [])
 
 
-def _parameter_names(model: nn.Module) -> dict[int, list[str]]:
+def _parameter_names(strategy: Strategy, model: nn.Module) -> dict[int, list[str]]:
     """Every name of each parameter (tied ones have several), as torch's state-dict API spells them."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    inner = model.module if isinstance(model, DistributedDataParallel) else model
     names: dict[int, list[str]] = {}
-    for name, parameter in inner.named_parameters(remove_duplicate=False):
+    for name, parameter in strategy.unwrap_model(model).named_parameters(remove_duplicate=False):
         for prefix in _WRAPPER_PREFIXES:
             name = name.replace(prefix, "")
         names.setdefault(id(parameter), []).append(name)
@@ -181,6 +151,7 @@ def _parameter_names(model: nn.Module) -> dict[int, list[str]]:
 class PendingOptimizerLoad:
     """An optimizer's checkpoint state, checked and ready to apply."""
 
+    strategy: Strategy
     model: nn.Module
     optimizer: torch.optim.Optimizer
     state: dict[str, Any] | None  # full checkpoint: the whole state
@@ -190,16 +161,17 @@ class PendingOptimizerLoad:
     def apply(self) -> None:
         """Collective: load the state into the optimizer."""
         state = self.state if self.state is not None else self._read_sharded()
-        _dcp().set_optimizer_state_dict(self.model, self.optimizer, state,
-                                 options=_dcp().StateDictOptions(full_state_dict=self.state is not None))
+        self.strategy.load_optimizer_state_dict(self.model, self.optimizer, state, full=self.state is not None)
 
     def _read_sharded(self) -> dict[str, Any]:
         wanted = set(_tensor_keys(self.skeleton))
         if not wanted:
             return state_io.decode_state(self.skeleton, {})
         # The sharded layout to read into is the optimizer's own, which exists once it has state.
-        _dcp()._init_optim_state(self.optimizer)
-        _, current = state_io.encode_state(_dcp().get_optimizer_state_dict(self.model, self.optimizer))
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+        _init_optim_state(self.optimizer)
+        _, current = state_io.encode_state(self.strategy.optimizer_state_dict(self.model, self.optimizer))
         missing = sorted(wanted - set(current))
         if missing:
             raise CheckpointMismatchError("optimizer state", [], missing, [])
@@ -227,9 +199,10 @@ def _tensor_keys(skeleton: Any) -> list[str]:
     return keys
 
 
-def _check_optimizer_params(what: str, model: nn.Module, optimizer: torch.optim.Optimizer, saved_groups: list[Any]) -> None:
+def _check_optimizer_params(what: str, strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
+                            saved_groups: list[Any]) -> None:
     """The checkpoint's parameter groups must name the optimizer's parameters (compared as sets of names)."""
-    names = _parameter_names(model)
+    names = _parameter_names(strategy, model)
     saved = [set(group.get("params", [])) for group in saved_groups]
     if len(saved) != len(optimizer.param_groups):
         raise CheckpointMismatchError(
@@ -243,19 +216,20 @@ def _check_optimizer_params(what: str, model: nn.Module, optimizer: torch.optim.
         raise CheckpointMismatchError(what, missing, unexpected, [])
 
 
-def prepare_optimizer_load(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str, index: int) -> PendingOptimizerLoad:
+def prepare_optimizer_load(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str,
+                           index: int) -> PendingOptimizerLoad:
     """Read and check the ``index``-th optimizer's state from ``directory``."""
     full_name = optimizer_name(index)
     sharded_json = os.path.join(directory, f"{sharded_optimizer_dir(index)}.json")
     if os.path.isfile(os.path.join(directory, f"{full_name}.json")):
         state = state_io.load_state(directory, full_name)
-        _check_optimizer_params(f"optimizer {index}", model, optimizer, state.get("param_groups", []))
-        return PendingOptimizerLoad(model, optimizer, state)
+        _check_optimizer_params(f"optimizer {index}", strategy, model, optimizer, state.get("param_groups", []))
+        return PendingOptimizerLoad(strategy, model, optimizer, state)
     if os.path.isfile(sharded_json):
         skeleton = state_io.read_json(sharded_json)["state"]
         groups = state_io.decode_state(skeleton.get("param_groups", []), _Anything())
-        _check_optimizer_params(f"optimizer {index}", model, optimizer, groups)
-        return PendingOptimizerLoad(model, optimizer, None, skeleton, os.path.join(directory, sharded_optimizer_dir(index)))
+        _check_optimizer_params(f"optimizer {index}", strategy, model, optimizer, groups)
+        return PendingOptimizerLoad(strategy, model, optimizer, None, skeleton, os.path.join(directory, sharded_optimizer_dir(index)))
     raise CheckpointMismatchError(f"optimizer list (no state for optimizer {index} in {directory})", [f"optimizer {index}"], [], [])
 
 

@@ -2,12 +2,15 @@
 
 ``prepare_data_loader`` rebuilds the user's DataLoader around a :class:`ShardedBatchSampler` (or a
 :class:`~.streams.StreamShard`) and returns a :class:`PreparedDataLoader`, still a ``DataLoader``
-with the same ``dataset``, ``len()`` and collate function. Its position is a cursor in samples of
-the global stream plus the epoch, so a checkpoint resumes the exact next batch on any world size
-with the same global batch, by skipping indices, not by loading the skipped batches.
+with the same ``dataset``, ``len()`` and collate function; ``len()`` is always the whole epoch's
+(neither a resume nor ``skip_first_batches`` changes it; the view ``skip_first_batches`` returns is
+shorter, as in Accelerate). Its position is a cursor in samples of the global stream plus the epoch.
+A checkpoint always stores both; loading restores the epoch, and, when the loader resumes mid-epoch
+(``DataLoaderConfiguration(use_stateful_dataloader=True)``, and the Trainer), the exact next batch on
+any world size with the same global batch, by skipping indices, not by loading the skipped batches.
 An iterable dataset's rank (and each worker) reads only its own shards, and its position is the
-stream's own cursor (see :mod:`.streams`); with ``dispatch_batches`` the main process reads for all
-(see :mod:`.dispatch`).
+stream's own cursor (see :mod:`.streams`), from which it always continues; with ``dispatch_batches``
+the main process reads for all (see :mod:`.dispatch`).
 """
 
 from __future__ import annotations
@@ -47,21 +50,28 @@ class DataProgress:
     samples_seen: int = 0
     pending_skip: int = 0
     """Samples to skip at the start of the next iteration (set by a resume)."""
+    last_batch_yielded: bool = False
+    """The running iteration has handed out its last batch: the epoch's data is all consumed."""
 
     def state_dict(self) -> dict[str, int]:
-        """JSON-friendly position."""
+        """JSON-friendly position; an epoch whose last batch was handed out counts as the next epoch's start,
+        so a checkpoint taken inside the loop body after the last batch resumes at the next epoch."""
+        if self.last_batch_yielded:
+            return {"epoch": self.epoch + 1, "samples_seen": 0}
         return {"epoch": self.epoch, "samples_seen": self.samples_seen}
 
     def move_to(self, epoch: int, samples_seen: int = 0) -> None:
         """Set the position in place (views made by ``skip_first_batches`` share this object)."""
         self.epoch, self.samples_seen, self.pending_skip = epoch, samples_seen, samples_seen
+        self.last_batch_yielded = False
 
 
 class PreparedDataLoader(DataLoader):
     """A DataLoader that yields this rank's part of each global batch, already on the device."""
 
     def __init__(self, dataset: Any, *, device: torch.device | None, gradient_state: GradientState,
-                 global_batch_size: int | None, seed: int, non_blocking: bool = False, **kwargs: Any) -> None:
+                 global_batch_size: int | None, seed: int, non_blocking: bool = False,
+                 resume_mid_epoch: bool = False, **kwargs: Any) -> None:
         # A private generator keeps DataLoader's per-iteration base seed off the global RNG, so the
         # model's random stream (dropout...) does not depend on when iterators are built.
         self._loader_generator = torch.Generator()
@@ -73,7 +83,11 @@ class PreparedDataLoader(DataLoader):
         self.global_batch_size = global_batch_size
         self.seed = seed
         self.non_blocking = non_blocking
+        self.resume_mid_epoch = resume_mid_epoch
+        """``load_state_dict`` restores the position inside the epoch too (else the epoch only)."""
         self.progress = DataProgress()
+        self.skipped_batches = 0
+        """Batches this object passes over at each iteration's start (non-zero on ``skip_first_batches`` views)."""
         self.end_of_dataloader = False
         self.remainder = -1
         self._expected_batches: int | None = None
@@ -113,7 +127,12 @@ class PreparedDataLoader(DataLoader):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a stored position: the next iteration starts at its next sample."""
+        """Continue from a stored position: its epoch, and with ``resume_mid_epoch`` its next sample.
+
+        Without ``resume_mid_epoch`` (Accelerate's default) the next iteration starts at the epoch's first
+        batch, and the script skips what was seen with ``skip_first_batches``. A stream always continues
+        from its readers' cursors (it cannot skip what it has not read).
+        """
         if "seed" in state:
             self._set_seed(int(state["seed"]))
         if self.is_stream:
@@ -121,7 +140,8 @@ class PreparedDataLoader(DataLoader):
                 raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
             self._stream.seed = self.seed
             self._stream.load_state_dict(state["stream"])
-        self.progress.move_to(int(state["epoch"]), int(state["samples_seen"]))
+        samples_seen = int(state["samples_seen"]) if self.resume_mid_epoch or self.is_stream else 0
+        self.progress.move_to(int(state["epoch"]), samples_seen)
 
     def _set_seed(self, seed: int) -> None:
         """Use ``seed`` for the shuffling order too (the seedable sampler was built with the previous one)."""
@@ -145,8 +165,9 @@ class PreparedDataLoader(DataLoader):
                 sampler.set_epoch(epoch)
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
-        skip = self.progress.pending_skip
+        skip = self.progress.pending_skip + self.skipped_batches * (self.global_batch_size or 0)
         self.progress.pending_skip = 0
+        self.progress.last_batch_yielded = False
         if self.is_stream or self.dispatch_to:
             # A stream placed by load_state_dict continues from its readers' cursors; one moved back to the
             # start of its epoch (move_to) starts afresh; skip_first_batches alone reads and drops batches.
@@ -166,7 +187,7 @@ class PreparedDataLoader(DataLoader):
         try:
             skipped = skip // self.global_batch_size if self.global_batch_size else 0
             # A stream's length is an estimate (its shards' sizes are unknown): windows end where it ends.
-            self._expected_batches = None if self.is_stream else len(self) - skipped
+            self._expected_batches = None if self.is_stream else max(DataLoader.__len__(self) - skipped, 0)
         except TypeError:
             self._expected_batches = None
 
@@ -186,6 +207,7 @@ class PreparedDataLoader(DataLoader):
                 self._yielded += 1
                 if upcoming is _END:
                     self.end_of_dataloader = True
+                    self.progress.last_batch_yielded = True
                     if not (self.is_stream or self.dispatch_to):
                         self.remainder = self._shard.final_real_samples if self._shard is not None else -1
                 if self.global_batch_size:
@@ -220,19 +242,22 @@ class PreparedDataLoader(DataLoader):
         return batches
 
     def skip_first_batches(self, num_batches: int) -> PreparedDataLoader:
-        """A view of this loader whose next iteration starts ``num_batches`` batches into the epoch."""
-        view = copy.copy(self)
-        view.progress = self.progress  # shared, so finishing the view advances this loader's epoch
+        """A view of this loader whose iterations start ``num_batches`` batches further into the epoch.
+
+        The view shares this loader's position (finishing it advances the epoch, a checkpoint taken while
+        it runs stores the absolute position) and is ``num_batches`` shorter; this loader is unchanged.
+        """
         if self.global_batch_size is None:
             raise ValueError("skip_first_batches needs a dataloader with a fixed batch size.")
-        self.progress.pending_skip = num_batches * self.global_batch_size
+        if num_batches < 0:
+            raise ValueError(f"skip_first_batches needs num_batches >= 0, got {num_batches}.")
+        view = copy.copy(self)
+        view.progress = self.progress
+        view.skipped_batches = self.skipped_batches + int(num_batches)
         return view
 
     def __len__(self) -> int:
-        length = super().__len__()
-        if self.progress.pending_skip and self.global_batch_size:
-            length -= self.progress.pending_skip // self.global_batch_size
-        return length
+        return max(super().__len__() - self.skipped_batches, 0)
 
 
 _END = object()
@@ -272,7 +297,8 @@ def prepare_data_loader(
         # Pinned batches copy to the GPU asynchronously: the step never waits on the host for its input.
         # Host-to-device copies are always safe to overlap (the stream orders the kernels that read them).
         kwargs["pin_memory"] = True
-    common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking or on_gpu)
+    common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking or on_gpu,
+                  resume_mid_epoch=config.use_stateful_dataloader)
     dataset = dataloader.dataset
     if isinstance(dataset, IterableDataset) or _is_stream(dataset):
         return _prepare_stream(dataloader, num_processes, process_index, config, seed, common, kwargs)

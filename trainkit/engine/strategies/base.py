@@ -112,3 +112,71 @@ class Strategy:
     def full_state_dict(self, model: nn.Module, *, rank0_only: bool = True, cpu_offload: bool = True) -> dict[str, Any]:
         """The unsharded model state with the user's key names (empty on other ranks when ``rank0_only``)."""
         return self.unwrap_model(model).state_dict()
+
+    # -- state-dict I/O: the only way checkpoints read and write prepared models and optimizers ---------
+    # torch's ``torch.distributed.checkpoint.state_dict`` API names keys as the user's module does whatever
+    # the wrapper (plain, DDP, FSDP2), so a checkpoint written under one strategy loads under another.
+    def checkpoint_is_sharded(self, model: nn.Module) -> bool:
+        """Whether ``save_state`` writes ``model`` (and its optimizers) as DCP shards rather than full tensors."""
+        return False
+
+    def model_state_dict(self, model: nn.Module, *, full: bool = False, cpu_offload: bool = False) -> dict[str, Any]:
+        """The model's state with the user's key names: shards as they live (``full=False``, for DCP) or full
+        tensors (``full=True``; with ``cpu_offload``, on the CPU of rank 0 only). Collective under FSDP."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=full, cpu_offload=cpu_offload))
+
+    def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any], *, full: bool = False,
+                              from_rank0: bool = False) -> None:
+        """Load sharded or full state (strict); ``from_rank0``: only rank 0's full state is read, then broadcast."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, state_dict, options=StateDictOptions(
+            full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0, strict=True))
+
+    def optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, full: bool = False,
+                             cpu_offload: bool = False) -> dict[str, Any]:
+        """Optimizer state keyed by parameter names: as it lives (``full=False``) or full tensors.
+
+        An optimizer without state (not stepped yet, or plain SGD) is reported as such: torch's API would
+        otherwise initialise it by a zero-gradient step, which must reach neither the checkpoint (Adam's
+        step count would be 1) nor the running optimizer.
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        untouched = not optimizer.state
+        state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=full,
+                                                                                   cpu_offload=cpu_offload))
+        if untouched and optimizer.state:
+            optimizer.state.clear()
+            state = {**state, "state": {}}
+        return state
+
+    def load_optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any],
+                                  *, full: bool = False, from_rank0: bool = False) -> None:
+        """Load what :meth:`optimizer_state_dict` returned (saved on any number of ranks and strategies).
+
+        A state without per-parameter entries (SGD without momentum, an optimizer saved before its first
+        step) restores the hyper-parameters of each group and leaves the optimizer without state, as it was
+        saved; torch's API cannot load those (it needs a tensor to find the device).
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        if not state_dict.get("state"):
+            _load_hyperparameters(optimizer, state_dict.get("param_groups", []))
+            return
+        set_optimizer_state_dict(model, optimizer, state_dict, options=StateDictOptions(
+            full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0))
+
+
+def _load_hyperparameters(optimizer: torch.optim.Optimizer, saved_groups: list[dict[str, Any]]) -> None:
+    """Copy each saved group's settings (lr, momentum...) into the optimizer's groups, in order; drop any state."""
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise ValueError(f"The saved optimizer state has {len(saved_groups)} parameter groups, the optimizer "
+                         f"{len(optimizer.param_groups)}.")
+    optimizer.state.clear()
+    for group, saved in zip(optimizer.param_groups, saved_groups):
+        group.update({key: value for key, value in saved.items() if key != "params"})

@@ -197,53 +197,35 @@ class FSDPStrategy(Strategy):
             return {}
         return _to_cpu(state) if cpu_offload else state
 
-    def model_state_dict(self, model: nn.Module, *, full: bool = False, cpu_offload: bool = False) -> dict[str, Any]:
-        """The model's state: DTensor shards (``full=False``, for ``torch.distributed.checkpoint``) or
-        full tensors on every rank (``full=True``, all-gathered; with ``cpu_offload`` on rank 0 only, on CPU)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=full, cpu_offload=cpu_offload))
-
-    def load_model_state_dict(self, model: nn.Module, state_dict: dict[str, Any], *, full: bool = False,
-                              from_rank0: bool = False) -> None:
-        """Load sharded (DTensor) or full state; ``from_rank0``: only rank 0's full state is read, then broadcast."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        set_model_state_dict(model, state_dict, options=StateDictOptions(
-            full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0))
-
     def optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, *, full: bool = False,
-                             rank0_only: bool | None = None, cpu_offload: bool | None = None) -> dict[str, Any]:
-        """Optimizer state keyed by parameter names: sharded (for DCP) or, with ``full``, unsharded where the
-        plugin's ``optim_state_dict_config`` says (default: every rank, on device; ``rank0_only``: other
-        ranks get ``{}``; ``offload_to_cpu``: tensors on CPU). Every rank must call it."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        optimizer = getattr(optimizer, "optimizer", optimizer)
+                             cpu_offload: bool | None = None, rank0_only: bool | None = None) -> dict[str, Any]:
+        """As the base strategy's; with ``full``, unsharded where the plugin's ``optim_state_dict_config`` says
+        (default: every rank, on device; ``rank0_only``: other ranks get ``{}``; ``offload_to_cpu``: on CPU).
+        Every rank must call it."""
         if not full:
-            return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=False))
+            return super().optimizer_state_dict(model, optimizer)
         rank0_only = self.plugin.optim_state_dict_rank0_only if rank0_only is None else rank0_only
         cpu_offload = self.plugin.optim_state_dict_offload_to_cpu if cpu_offload is None else cpu_offload
         # torch's cpu_offload with a full state dict gathers onto rank 0 only, on CPU, one tensor at a time.
-        state = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(
-            full_state_dict=True, cpu_offload=rank0_only and cpu_offload))
+        state = super().optimizer_state_dict(model, optimizer, full=True, cpu_offload=rank0_only and cpu_offload)
         if rank0_only and self.state.rank != 0:
             return {}
         return _nested_to_cpu(state) if cpu_offload else state
-
-    def load_optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any],
-                                  *, full: bool = False, from_rank0: bool = False) -> None:
-        """Load what :meth:`optimizer_state_dict` returned (saved on any number of ranks)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        optimizer = getattr(optimizer, "optimizer", optimizer)
-        set_optimizer_state_dict(model, optimizer, state_dict, options=StateDictOptions(
-            full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0))
 
     @property
     def sharded_checkpoints(self) -> bool:
         """True when ``save_state`` should write DCP shards (SHARDED_STATE_DICT) rather than full tensors."""
         return self.options.state_dict_type == "SHARDED_STATE_DICT"
+
+    def checkpoint_is_sharded(self, model: nn.Module) -> bool:
+        """DCP shards for a sharded model unless the plugin asks for ``FULL_STATE_DICT``."""
+        return self.sharded_checkpoints and is_sharded(model)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True for an FSDP2 model. Asked by module type first: after a forward without backward (an
+    evaluation) FSDP2 leaves the root's parameters unsharded, plain tensors, until the next forward."""
+    return any(isinstance(m, FSDPModule) for m in model.modules()) or any(isinstance(p, DTensor) for p in model.parameters())
 
 
 @contextlib.contextmanager

@@ -1,0 +1,94 @@
+"""Which checkpoint folder a run resumes from: the one function the Accelerator and the Trainer both ask.
+
+Two folder conventions exist: the Trainer's ``output_dir/checkpoint-N`` (N = global step) and the
+Accelerator's automatic naming ``project_dir/checkpoints/checkpoint_N`` (N = save count). "Latest" is
+the complete checkpoint with the highest N of the first convention that has any (interrupted writes are
+skipped, with a warning). When torchelastic restarts a job's workers (``trainkit launch --max_restarts``),
+the unchanged script resumes from the latest by itself, or starts afresh when none was written yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from .atomic import decide_on_rank0, latest_complete_checkpoint
+
+logger = logging.getLogger(__name__)
+
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+"""Set by torchelastic in every worker: how many times the worker group was restarted (0 on the first attempt)."""
+
+
+class FolderConvention(NamedTuple):
+    """Where numbered checkpoints live under a run's folder, and how they are named."""
+
+    subfolder: str
+    prefix: str
+
+
+TRAINER_CONVENTION = FolderConvention("", "checkpoint-")
+ACCELERATOR_CONVENTION = FolderConvention("checkpoints", "checkpoint_")
+ALL_CONVENTIONS = (TRAINER_CONVENTION, ACCELERATOR_CONVENTION)
+
+
+def restart_count() -> int:
+    """How many times torchelastic restarted this job's workers (``TORCHELASTIC_RESTART_COUNT``; 0 outside it)."""
+    try:
+        return int(os.environ.get(RESTART_COUNT_ENV, "0") or 0)
+    except ValueError:
+        return 0
+
+
+def latest_checkpoint_in(run_dir: str, conventions: Sequence[FolderConvention] = ALL_CONVENTIONS) -> str | None:
+    """The newest complete checkpoint under ``run_dir``, in the first convention that has one (one process)."""
+    for convention in conventions:
+        latest = latest_complete_checkpoint(os.path.join(run_dir, convention.subfolder), convention.prefix)
+        if latest is not None:
+            return latest
+    return None
+
+
+def find_resume_folder(requested: str | os.PathLike | bool | None, run_dir: str | None, *,
+                       latest_when_unset: bool = False,
+                       conventions: Sequence[FolderConvention] = ALL_CONVENTIONS,
+                       automatic_reason: str | None = None) -> str | None:
+    """Collective: the checkpoint folder to resume from, or None to start from the beginning.
+
+    ``requested``: a folder (must exist); ``True``: the latest under ``run_dir`` (an error when there is
+    none); ``False``: never resume; None: the latest when ``latest_when_unset`` (an error when there is
+    none), else nothing. After a torchelastic restart, or when the caller gives an ``automatic_reason``
+    (e.g. "the previous run was preempted"), None means the latest, and finding none is not an error: the
+    run starts afresh, and a warning says which. Rank 0 decides, so every rank gets one answer.
+    """
+    if requested is False:
+        return None
+    if requested is not None and requested is not True:
+        folder = os.path.normpath(os.fspath(requested))
+        if not os.path.isdir(folder):
+            raise FileNotFoundError(f"Cannot resume from {folder!r}: no such folder.")
+        return folder
+    restarts = restart_count() if requested is None else 0
+    reason = f"Restart {restarts} of this job" if restarts else automatic_reason if requested is None else None
+    if requested is None and not latest_when_unset and not reason:
+        return None
+    if run_dir is None:
+        raise ValueError("Resuming from the latest checkpoint needs the run's folder (output_dir or project_dir).")
+    latest = decide_on_rank0("find the latest checkpoint", lambda: latest_checkpoint_in(run_dir, conventions))
+    if latest is None and not reason:
+        raise FileNotFoundError(f"No complete checkpoint under {run_dir} to resume from.")
+    if reason and _is_rank0():
+        if latest is None:
+            logger.warning("%s: no complete checkpoint under %s yet, so nothing is loaded and training starts "
+                           "from the beginning.", reason, run_dir)
+        else:
+            logger.warning("%s: resuming automatically from %s, the latest complete checkpoint.", reason, latest)
+    return latest
+
+
+def _is_rank0() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

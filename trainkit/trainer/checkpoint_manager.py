@@ -1,0 +1,86 @@
+"""The Trainer's one checkpoint manager: saving, the resume point, rotation and the best model.
+
+Every path that writes or reads a Trainer checkpoint goes through one :class:`CheckpointManager`: the
+periodic save of the training loop, a save on demand (the preemption save calls :meth:`save_now`),
+``train(resume_from_checkpoint=...)`` and ``load_best_model_at_end``. It remembers the folder the run
+resumed from, so rotation never deletes it. The files themselves are written by :mod:`.checkpoints`
+and loaded by :mod:`.resume`; which folder to resume from is decided by the engine's one finder.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from trainkit.engine.checkpoint import rotate_checkpoints
+from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, find_resume_folder
+
+from . import checkpoints, resume
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+logger = logging.getLogger(__name__)
+
+
+class CheckpointManager:
+    """Writes, finds, rotates and loads one Trainer's ``checkpoint-N`` folders (see the module doc)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self._resumed_from: str | None = None
+
+    @property
+    def resumed_from(self) -> str | None:
+        """The checkpoint this run resumed from (kept by rotation), or None."""
+        return self._resumed_from
+
+    def save(self) -> str | None:
+        """Collective: the loop's periodic save (under ``save_strategy="best"`` only at a new best); the folder."""
+        return checkpoints.save_training_checkpoint(self.trainer, self._resumed_from)
+
+    def save_now(self) -> str:
+        """Collective: write ``checkpoint-{global_step}`` now whatever the save strategy (e.g. before a
+        preemption), rotate and upload as a periodic save does; return the folder."""
+        folder = checkpoints.save_training_checkpoint(self.trainer, self._resumed_from, only_if_best=False)
+        return folder if folder is not None else checkpoints.checkpoint_folder(self.trainer.args.output_dir,
+                                                                               self.trainer.state.global_step)
+
+    def rotate(self) -> list[str]:
+        """Main process: delete the oldest checkpoints beyond ``save_total_limit`` (never the best, the newest,
+        nor the one resumed from); return what was deleted."""
+        args, state = self.trainer.args, self.trainer.state
+        return rotate_checkpoints(args.output_dir, args.save_total_limit,
+                                  protected=[state.best_model_checkpoint, self._resumed_from],
+                                  prefix=checkpoints.PREFIX)
+
+    def resume_folder(self, requested: str | os.PathLike | bool | None) -> str | None:
+        """Collective: the folder ``train(resume_from_checkpoint=requested)`` resumes from (see
+        :func:`~trainkit.engine.checkpoint.resume_folder.find_resume_folder`), or None."""
+        if requested is True:
+            try:
+                return find_resume_folder(True, self.trainer.args.output_dir, conventions=[TRAINER_CONVENTION])
+            except FileNotFoundError:
+                raise ValueError(f"resume_from_checkpoint=True but {self.trainer.args.output_dir} has no complete "
+                                 "checkpoint.") from None
+        return find_resume_folder(requested, self.trainer.args.output_dir, conventions=[TRAINER_CONVENTION])
+
+    def resume(self, folder: str, train_dataloader: Any, steps_per_epoch: int | None) -> resume.ResumePoint:
+        """Collective: load ``folder`` (weights, optimizer, schedule, RNG, data position, trainer state); return
+        where the loop picks up."""
+        point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch)
+        self._resumed_from = folder
+        return point
+
+    def load_best_model(self) -> bool:
+        """Collective: load the best checkpoint's weights, when there is one; return whether it did."""
+        trainer = self.trainer
+        best = trainer.state.best_model_checkpoint
+        if best is None:
+            return False
+        trainer.accelerator.wait_for_everyone()
+        logger.info("Loading the best model from %s (%s=%s).", best, trainer.args.metric_for_best_model,
+                    trainer.state.best_metric)
+        checkpoints.load_model_weights(trainer, best)
+        return True
