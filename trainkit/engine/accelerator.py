@@ -405,6 +405,17 @@ class Accelerator:
             return True
         return False
 
+    def check_preemption(self) -> None:
+        """Call once per step, at the same point on every process, to survive preemption (docs/preemption.md).
+
+        When SIGTERM/SIGINT/SIGUSR1 reached any process, every process stops at the same call, ``save_state()``
+        writes the next automatically named checkpoint, and the process exits with code 75 (``Preempted``).
+        Needs ``ProjectConfiguration(automatic_checkpoint_naming=True)``; ``load_state()`` resumes.
+        """
+        from trainkit.engine.preemption import check_accelerator
+
+        check_accelerator(self)
+
     # -- running on some processes ----------------------------------------------------------------
     def main_process_first(self) -> contextlib.AbstractContextManager:
         """Run the block on the main process before the others (e.g. to build a dataset cache)."""
@@ -531,7 +542,10 @@ class Accelerator:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Flush and close the trackers."""
+        """Flush and close the trackers; stop handling preemption signals."""
+        from trainkit.engine.preemption import stop_watching
+
+        stop_watching(self)
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []

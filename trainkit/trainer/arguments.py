@@ -128,6 +128,7 @@ class TrainingArguments:
     greater_is_better: bool | None = field(default=None, metadata={"help": "Whether a larger metric is better (default: unless the name ends in 'loss')."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "For scripts: a checkpoint folder to resume from (pass it to train())."})
     ignore_data_skip: bool = field(default=False, metadata={"help": "On resume, start the epoch's data from the beginning instead of skipping what was seen."})
+    enable_jit_checkpoint: bool | None = field(default=None, metadata={"help": "On SIGTERM/SIGINT/SIGUSR1 all processes stop at one step, save checkpoint-N and exit 75; the same command resumes (docs/preemption.md). Default: on whenever checkpoints are saved (save_strategy != 'no'); False turns it off.", "nargs": "?", "const": True})
 
     # --- reproducibility and hardware ---
     seed: int = field(default=42, metadata={"help": "Seed set before the model is initialised and training starts."})

@@ -124,11 +124,12 @@ def save_model_files(trainer: Any, folder: str) -> None:
         save_model_companions(trainer, folder)
 
 
-def save_training_checkpoint(trainer: Any) -> None:
-    """Collective: write checkpoint-{global_step} (under save_strategy="best" only at a new best), rotate, upload."""
+def save_training_checkpoint(trainer: Any, force: bool = False) -> None:
+    """Collective: write checkpoint-{global_step} (under save_strategy="best" only at a new best, unless
+    ``force``: a preemption), rotate, upload."""
     args, state = trainer.args, trainer.state
     is_best = state.best_global_step == state.global_step
-    if args.save_strategy == "best" and not is_best:
+    if args.save_strategy == "best" and not is_best and not force:
         return
     folder = checkpoint_folder(args.output_dir, state.global_step)
     if is_best:

@@ -27,6 +27,7 @@ from .checkpoints import (
     load_model_weights,
     training_loaders,
 )
+from .preemption import was_preempted
 
 logger = logging.getLogger(__name__)
 
@@ -50,13 +51,18 @@ def resolve_resume_folder(trainer: Any, resume_from_checkpoint: str | os.PathLik
     chooses, so every rank loads the same folder.
     """
     restarts = restart_count()
-    automatic = resume_from_checkpoint is None and restarts > 0
+    preempted = resume_from_checkpoint is None and not restarts and decide_on_rank0(
+        "look for a preemption marker", lambda: was_preempted(trainer.args.output_dir))
+    automatic = resume_from_checkpoint is None and (restarts > 0 or preempted)
     if resume_from_checkpoint is True or automatic:
         output_dir = trainer.args.output_dir
         latest = decide_on_rank0("find the latest checkpoint", lambda: latest_checkpoint(output_dir))
         if resume_from_checkpoint is True and latest is None:
             raise ValueError(f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint.")
-        if automatic and trainer.accelerator.is_main_process:
+        if preempted and trainer.accelerator.is_main_process and latest is not None:
+            logger.warning("The previous run in %s was stopped by a preemption signal: resuming automatically from %s.",
+                           output_dir, latest)
+        elif automatic and trainer.accelerator.is_main_process:
             if latest is None:
                 logger.warning("Restart %d of this job: no complete checkpoint in %s yet, so training starts from "
                                "the beginning.", restarts, output_dir)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from . import checkpoints, resume
+from . import checkpoints, preemption, resume
 from .arguments import TrainingArguments
 from .callbacks import (
     CallbackHandler,
@@ -278,7 +278,8 @@ class Trainer:
                                   is_world_process_zero=self.is_world_process_zero())
         self.state.compute_steps(self.args, plan.max_steps)
         start_at = self._resume(resume_from_checkpoint, train_dataloader, plan) if resume_from_checkpoint else resume.START
-        return self._training_loop(train_dataloader, plan, start_at, ignore_keys_for_eval)
+        with preemption.watching(self):  # SIGTERM & co.: all ranks save one checkpoint and exit 75
+            return self._training_loop(train_dataloader, plan, start_at, ignore_keys_for_eval)
 
     def _training_loop(self, train_dataloader, plan: TrainingPlan, start_at: resume.ResumePoint, ignore_keys_for_eval) -> TrainOutput:
         args, state, handler, model = self.args, self.state, self.callback_handler, self.model_wrapped
@@ -306,6 +307,7 @@ class Trainer:
                 state.epoch = epoch + (steps_in_epoch / plan.steps_per_epoch if plan.steps_per_epoch else 0)
                 self.control = handler.on_step_end(args, state, self.control)
                 self._maybe_log_save_evaluate(ignore_keys_for_eval)
+                preemption.at_step_boundary(self)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
             self.control = handler.on_epoch_end(args, state, self.control)
