@@ -84,7 +84,7 @@ def main() -> None:
                              eval_steps=20, logging_steps=1000, report_to="none", disable_tqdm=True, use_cpu=True,
                              optim="adamw_torch", seed=7)
     holder: list = []
-    trainer = Trainer(model=SlowRegressor(), args=args, train_dataset=Data(48, 1), eval_dataset=Data(16, 2),
+    trainer = Trainer(model_init=SlowRegressor, args=args, train_dataset=Data(48, 1), eval_dataset=Data(16, 2),
                       processing_class=SlowSaver(holder), callbacks=[Progress()])
     holder.append(trainer)
     original_evaluate = trainer.evaluate
