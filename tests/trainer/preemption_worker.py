@@ -5,7 +5,8 @@ saving every 15 and evaluating every 20 steps. Each step, evaluation batch and c
 little time (sleeps in the model and the processing class), so a test can signal the launcher at a chosen
 moment; rank 0 appends what it is doing to EVENTS_FILE ("step N", "eval N", "save N") and every rank its
 pid ("pid RANK PID"). Env ``SAVE_SECONDS`` sets how long each save's tokenizer write takes. At the end the
-final weights go to OUTPUT_DIR/final and the process prints ``DONE``.
+final weights go to OUTPUT_DIR/final and the process prints ``DONE``; with env ``REFERENCE_DIR`` the same
+processes then train an uninterrupted run from scratch there.
 """
 
 from __future__ import annotations
@@ -75,10 +76,8 @@ class Progress(TrainerCallback):
             log_event(f"step {state.global_step}")
 
 
-def main() -> None:
-    output_dir = sys.argv[1]
-    rank = int(os.environ.get("RANK", "0"))
-    log_event(f"pid {rank} {os.getpid()}")
+def train(output_dir: str) -> None:
+    """Train (resuming when the previous run in ``output_dir`` was preempted); final weights to output_dir/final."""
     args = TrainingArguments(output_dir=output_dir, max_steps=60, per_device_train_batch_size=2,
                              per_device_eval_batch_size=2, learning_rate=0.05, save_steps=15, eval_strategy="steps",
                              eval_steps=20, logging_steps=1000, report_to="none", disable_tqdm=True, use_cpu=True,
@@ -97,6 +96,16 @@ def main() -> None:
     trainer.evaluate = evaluate
     trainer.train()
     trainer.save_model(os.path.join(output_dir, "final"))
+
+
+def main() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    log_event(f"pid {rank} {os.getpid()}")
+    train(sys.argv[1])
+    if os.environ.get("REFERENCE_DIR"):
+        # The uninterrupted run, in the same processes after the resumed one (saves a launch): from scratch in
+        # a fresh output folder, seeded again by its Trainer.
+        train(os.environ["REFERENCE_DIR"])
     print(f"DONE rank {rank}", flush=True)
 
 

@@ -2,8 +2,9 @@
 saved checkpoint each time, exit code 75, and the same command resuming to bitwise the uninterrupted weights.
 
 One chain of launches in one output folder (each run resumes from the previous one's checkpoint):
-  reference run (uninterrupted) | SIGTERM mid-step | SIGTERM mid-evaluation | SIGUSR1 during a regular save |
-  SIGTERM to one worker only | a second SIGTERM during the save | the same command to the end.
+  SIGTERM mid-step | SIGTERM mid-evaluation | SIGUSR1 during a regular save |
+  SIGTERM to one worker only | a second SIGTERM during the save | the same command to the end, then an
+  uninterrupted run from scratch in the same processes as the reference.
 """
 
 from __future__ import annotations
@@ -111,11 +112,6 @@ def test_preemption_saves_once_exits_75_and_the_same_command_resumes_bitwise(tmp
     """CPU, 2 gloo processes: every moment and every path of a preemption, then the finished run equals an
     uninterrupted one bit for bit."""
     reference_dir, output_dir = tmp_path / "reference", tmp_path / "run"
-    reference = Launch(tmp_path, reference_dir, "reference")
-    code, _ = reference.finish()
-    assert code == 0, reference.output()
-    assert not (reference_dir / MARKER_NAME).exists()
-
     # SIGTERM to the launcher in the middle of a step (each forward takes 30 ms).
     launch = Launch(tmp_path, output_dir, "mid-step")
     step = launch.wait_for("step", lambda s: s >= 4)
@@ -158,8 +154,9 @@ def test_preemption_saves_once_exits_75_and_the_same_command_resumes_bitwise(tmp
         verify_checkpoint(folder)
     assert (output_dir / f".checkpoint-{saving}.staging").exists()  # the interrupted write, never published
 
-    # The same command again, to the end: bitwise the uninterrupted run's weights.
-    launch = Launch(tmp_path, output_dir, "final")
+    # The same command again, to the end: bitwise the weights of an uninterrupted run (trained afterwards in
+    # the same processes, from scratch).
+    launch = Launch(tmp_path, output_dir, "final", REFERENCE_DIR=str(reference_dir))
     code, _ = launch.finish()
     assert code == 0, launch.output()
     assert f"resuming automatically from {output_dir / f'checkpoint-{max(after)}'}" in launch.output()

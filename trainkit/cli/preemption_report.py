@@ -47,9 +47,16 @@ class PreemptionReport:
         return [int(note.get("rank", -1)) for note in self.notes()]
 
     def all_preempted(self, error: Any) -> bool:
-        """True when every failure torchrun reports is a worker that stopped with the preemption exit code."""
+        """True when torchrun's failures are all workers that saved and stopped on a signal.
+
+        A worker counts when it exited with :data:`PREEMPTED_EXIT_CODE`, or left a note and was then stopped by
+        the agent while exiting (the agent stops the others as soon as the first one exits).
+        """
         failures = dict(getattr(error, "failures", {}) or {})
-        return bool(failures) and all(getattr(f, "exitcode", None) == PREEMPTED_EXIT_CODE for f in failures.values())
+        saved = set(self.saved_ranks())
+        codes = {rank: getattr(failure, "exitcode", None) for rank, failure in failures.items()}
+        return (PREEMPTED_EXIT_CODE in codes.values()
+                and all(code == PREEMPTED_EXIT_CODE or rank in saved for rank, code in codes.items()))
 
     def describe(self, signal_name: str | None) -> str:
         """One line for the user: what was saved, the exit code and how to continue."""
