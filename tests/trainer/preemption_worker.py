@@ -1,6 +1,6 @@
 """A Trainer job for the preemption tests, run by `trainkit launch` (2 gloo processes, CPU).
 
-``preemption_worker.py OUTPUT_DIR EVENTS_FILE``: a deterministic regression model trained for 60 steps,
+``preemption_worker.py OUTPUT_DIR EVENTS_FILE``: a deterministic regression model trained for 120 steps,
 saving every 15 and evaluating every 20 steps. Each step, evaluation batch and checkpoint save takes a
 little time (sleeps in the model and the processing class), so a test can signal the launcher at a chosen
 moment; rank 0 appends what it is doing to EVENTS_FILE ("step N", "eval N", "save N") and every rank its
@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from trainkit import Trainer, TrainerCallback, TrainingArguments
 
 FEATURES = 4
-STEP_SECONDS = 0.03
+STEP_SECONDS = 0.06
 EVAL_BATCH_SECONDS = 0.15
 
 
@@ -78,7 +78,7 @@ class Progress(TrainerCallback):
 
 def train(output_dir: str) -> None:
     """Train (resuming when the previous run in ``output_dir`` was preempted); final weights to output_dir/final."""
-    args = TrainingArguments(output_dir=output_dir, max_steps=60, per_device_train_batch_size=2,
+    args = TrainingArguments(output_dir=output_dir, max_steps=120, per_device_train_batch_size=2,
                              per_device_eval_batch_size=2, learning_rate=0.05, save_steps=15, eval_strategy="steps",
                              eval_steps=20, logging_steps=1000, report_to="none", disable_tqdm=True, use_cpu=True,
                              optim="adamw_torch", seed=7)

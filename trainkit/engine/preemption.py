@@ -85,7 +85,7 @@ class PreemptionWatch:
         self.check_interval = check_interval
         self.received: signal.Signals | None = None
         """The first preemption signal this process received, if any."""
-        self.stop_step: int | None = None
+        self._stopped = False
         self._received_at = 0.0
         self._previous: dict[signal.Signals, Any] = {}
         self._world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -126,33 +126,45 @@ class PreemptionWatch:
         os.kill(os.getpid(), signum)
 
     def close(self, wait: bool = True) -> None:
-        """Restore the previous handlers; finish an agreement round under way (all ranks close together)."""
+        """Restore the previous handlers; finish an agreement round under way (all ranks close together).
+
+        A signal received but not acted on (the loop ended first) is then delivered again, to the restored
+        handler: the process stops as it would have without the watch, instead of the signal being lost.
+        """
         if wait and self._pending is not None:
             self._pending.wait()
         self._pending = None
         if threading.current_thread() is threading.main_thread():
             for sig, previous in self._previous.items():
                 signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
-        self._previous = {}
+        installed, self._previous = bool(self._previous), {}
+        if wait and installed and self.received is not None and not self._stopped:
+            logger.warning("The loop ended before the processes agreed to stop on %s; passing the signal on.",
+                           self.received.name)
+            signal.raise_signal(self.received)
 
     # -- agreement ---------------------------------------------------------------------------------
     def poll(self) -> bool:
         """Call at every step boundary, equally often on every rank: True on all ranks at once when they must stop."""
         self._tick += 1
         if self._world == 1:
-            return self.received is not None
+            self._stopped = self.received is not None
+            return self._stopped
         if self._pending is not None and self._tick >= self._read_at:
             self._pending.wait()
             self._pending = None
             stop_flag, seconds_per_step = self._buffer.tolist()
             if stop_flag > 0:
+                self._stopped = True
                 return True
             every = math.ceil(self.check_interval / seconds_per_step) if seconds_per_step > 0 else 1
             self._launch_at = self._last_launch[0] + min(max(every, 1), _MAX_STEPS_BETWEEN_CHECKS)
         if self._pending is None and self._tick >= self._launch_at:
             now = time.perf_counter()
-            ticks, since = self._tick - self._last_launch[0], now - self._last_launch[1]
-            self._buffer = torch.tensor([1.0 if self.received is not None else 0.0, since / max(ticks, 1)],
+            # Seconds per step since the previous round; unknown (0: check again next step) before the first.
+            last_tick, last_time = self._last_launch
+            seconds_per_step = (now - last_time) / (self._tick - last_tick) if last_tick else 0.0
+            self._buffer = torch.tensor([1.0 if self.received is not None else 0.0, seconds_per_step],
                                         dtype=torch.float64)
             self._pending = dist.all_reduce(self._buffer, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
             self._read_at = self._tick + 1
