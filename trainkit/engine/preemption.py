@@ -114,8 +114,9 @@ class PreemptionWatch:
         now = time.monotonic()
         if self.received is None:
             self.received, self._received_at = signal.Signals(signum), now
-            logger.warning("Received %s: every process will stop at the next agreed step boundary and save a "
-                           "checkpoint (a second %s stops this process at once).", self.received.name, self.received.name)
+            logger.warning("Rank %d received %s: every process will stop at the next agreed step boundary and save "
+                           "a checkpoint (a second %s stops this process at once).", _rank(), self.received.name,
+                           self.received.name)
             return
         if now - self._received_at < DUPLICATE_WINDOW_S:
             return  # the same notice, delivered both directly and through the launcher
@@ -176,21 +177,26 @@ class PreemptionWatch:
         """"SIGTERM on this process" or "a signal on another process", for the logs."""
         return f"{self.received.name} received" if self.received is not None else "a stop signal on another process"
 
-    def exit_after_save(self, checkpoint: str | None, step: int, state: Any = None) -> None:
+    def exit_after_save(self, checkpoint: str | None, step: int | None = None, state: Any = None) -> None:
         """Note the save for the launcher, end the process group cleanly, raise :class:`Preempted`."""
         self.close(wait=False)
-        rank = dist.get_rank() if self._world > 1 else 0
+        rank = _rank()
         _write_launcher_note(rank, checkpoint, step, self.received)
         if rank == 0:
-            logger.warning("Preemption: saved %s at step %d; exiting with code %d (requeue the job or rerun the same "
-                           "command to resume).", checkpoint, step, PREEMPTED_EXIT_CODE)
+            at_step = f" at step {step}" if step is not None else ""
+            logger.warning("Preemption: saved %s%s; exiting with code %d (requeue the job or rerun the same command "
+                           "to resume).", checkpoint, at_step, PREEMPTED_EXIT_CODE)
         if state is not None:
             state.wait_for_everyone()
             state.shutdown()
         raise Preempted(checkpoint)
 
 
-def _write_launcher_note(rank: int, checkpoint: str | None, step: int, received: signal.Signals | None) -> None:
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _write_launcher_note(rank: int, checkpoint: str | None, step: int | None, received: signal.Signals | None) -> None:
     folder = os.environ.get(PREEMPTION_REPORT_ENV)
     if not folder or not os.path.isdir(folder):
         return  # not started by `trainkit launch`
@@ -215,7 +221,7 @@ def check_accelerator(accelerator: Any) -> None:
             logger.warning("Preemption (%s): every process stops here and saves its state.", watch.describe_cause())
         folder = accelerator.save_state()
         accelerator.end_training()
-        watch.exit_after_save(folder, watch._tick, accelerator.state)
+        watch.exit_after_save(folder, state=accelerator.state)
 
 
 def stop_watching(accelerator: Any) -> None:

@@ -80,4 +80,4 @@ def at_step_boundary(trainer: Any) -> None:
                 "signal": watch.received.name if watch.received is not None else None}
         write_text_atomic(marker_path(args.output_dir), json.dumps(note) + "\n")
     trainer.accelerator.end_training()
-    watch.exit_after_save(folder, state.global_step, trainer.accelerator.state)
+    watch.exit_after_save(folder, state.global_step, state=trainer.accelerator.state)
