@@ -156,7 +156,7 @@ def test_preemption_saves_once_exits_75_and_the_same_command_resumes_bitwise(tmp
 
     # The same command again, to the end: bitwise the weights of an uninterrupted run (trained afterwards in
     # the same processes, from scratch).
-    launch = Launch(tmp_path, output_dir, "final", REFERENCE_DIR=str(reference_dir))
+    launch = Launch(tmp_path, output_dir, "final", REFERENCE_DIR=str(reference_dir), NO_SLEEP="1")
     code, _ = launch.finish()
     assert code == 0, launch.output()
     assert f"resuming automatically from {output_dir / f'checkpoint-{max(after)}'}" in launch.output()
