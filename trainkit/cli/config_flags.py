@@ -39,6 +39,10 @@ _PLAIN_FLAGS: dict[str, tuple[Any, str]] = {
     "gradient_accumulation_steps": (int, "Default gradient accumulation steps for the script's Accelerator."),
     "num_cpu_threads_per_process": (int, "OMP_NUM_THREADS per worker (default: cores / processes per machine)."),
     "collective_timeout": (float, "Seconds before a collective that never completes fails the job (default 600)."),
+    "preemption_signals": (str, "Signals forwarded to every worker, which then save a checkpoint and stop "
+                           "(default SIGTERM,SIGINT,SIGUSR1; see docs/preemption.md)."),
+    "preemption_grace_period": (int, "Seconds to wait for the workers to save and exit after a forwarded signal, "
+                                "before SIGKILL (default 90)."),
     "gpu_ids": (str, "GPUs to use on this machine: 'all' or a comma-separated list."),
     "distributed_type": (str, f"One of {', '.join(DISTRIBUTED_TYPES)} (normally implied by the flags below)."),
 }

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handoff
+from trainkit.config.preemption import PREEMPTION_REPORT_ENV
 
 from .config_flags import add_config_flags, resolve_config
 from .worker import LAUNCHER_PID_ENV
@@ -118,6 +119,10 @@ def torchrun_arguments(config: LaunchConfig, args: argparse.Namespace) -> list[s
         "--nproc_per_node", str(config.processes_per_machine),
         "--max_restarts", str(config.max_restarts),
         "--monitor_interval", str(config.monitor_interval),
+        # The agent forwards these signals to every worker and waits this long before SIGKILL; the workers
+        # save and stop on them (docs/preemption.md). torchrun's own SIGHUP/SIGQUIT handling is kept.
+        "--signals_to_handle", _handled_signals(config.preemption_signals),
+        "--shutdown_timeout", str(config.preemption_grace_period),
     ]
     argv += _rendezvous_arguments(config)
     if args.tee is not None:
@@ -129,6 +134,11 @@ def torchrun_arguments(config: LaunchConfig, args: argparse.Namespace) -> list[s
         argv.append("-m")
     argv.append(args.training_script)
     return argv + list(args.training_script_args)
+
+
+def _handled_signals(preemption_signals: str) -> str:
+    names = preemption_signals.split(",")
+    return ",".join(names + [name for name in ("SIGHUP", "SIGQUIT") if name not in names])
 
 
 def _rendezvous_arguments(config: LaunchConfig) -> list[str]:
@@ -169,15 +179,24 @@ def _run_torchrun(config: LaunchConfig, args: argparse.Namespace) -> int:
     from torch.distributed.run import parse_args, run as torchrun
 
     from .failures import describe_failure, exit_status
+    from .preemption_report import PreemptionReport
 
-    try:
-        torchrun(parse_args(torchrun_arguments(config, args)))
-    except ChildFailedError as error:
-        sys.stdout.flush()
-        for line in describe_failure(error, world_size=config.num_processes):
-            print(line, file=sys.stderr)
-        return exit_status(error)
-    except SignalException as stopped:  # SIGTERM/SIGINT/SIGHUP to the launcher: torchrun stopped the workers
-        print(f"trainkit launch: stopped by {stopped.sigval.name}; all workers were terminated.", file=sys.stderr)
-        return 128 + int(stopped.sigval)
+    with PreemptionReport() as report:
+        os.environ[PREEMPTION_REPORT_ENV] = report.folder
+        try:
+            torchrun(parse_args(torchrun_arguments(config, args)))
+        except ChildFailedError as error:
+            sys.stdout.flush()
+            if report.all_preempted(error):
+                print(report.describe(None), file=sys.stderr)
+                return report.exit_code
+            for line in describe_failure(error, world_size=config.num_processes):
+                print(line, file=sys.stderr)
+            return exit_status(error)
+        except SignalException as stopped:  # a forwarded signal: torchrun waited for the workers, then stopped them
+            if report.saved_ranks():
+                print(report.describe(stopped.sigval.name), file=sys.stderr)
+                return report.exit_code
+            print(f"trainkit launch: stopped by {stopped.sigval.name}; all workers were terminated.", file=sys.stderr)
+            return 128 + int(stopped.sigval)
     return 0

@@ -16,6 +16,7 @@ from .dynamo import TorchDynamoPlugin
 from .errors import ConfigError, check_choice, unknown_key_error
 from .fsdp import ALIASES as FSDP_ALIASES
 from .fsdp import FSDPOptions
+from .preemption import DEFAULT_GRACE_PERIOD, DEFAULT_PREEMPTION_SIGNALS, parse_signal_names
 from .values import (
     COMPUTE_ENVIRONMENTS,
     RDZV_BACKENDS,
@@ -39,7 +40,7 @@ UNUSED_ACCELERATE_KEYS = frozenset({
 # ``trainkit config`` writes with defaults is still readable by ``accelerate launch`` (it rejects unknown keys).
 TRAINKIT_ONLY_KEYS = (
     "gradient_accumulation_steps", "collective_timeout", "max_restarts", "monitor_interval",
-    "num_cpu_threads_per_process",
+    "num_cpu_threads_per_process", "preemption_signals", "preemption_grace_period",
 )
 
 
@@ -95,6 +96,11 @@ class LaunchConfig:
     dynamo_config: dict[str, Any] | None = None
     """torch.compile settings (``dynamo_backend``, ``dynamo_mode``, ``dynamo_use_fullgraph``,
     ``dynamo_use_dynamic``, ``dynamo_use_regional_compilation``); None compiles nothing."""
+    preemption_signals: str = DEFAULT_PREEMPTION_SIGNALS
+    """Signals the launcher forwards to every worker and the workers answer by saving a checkpoint and
+    stopping (comma-separated names; a YAML list works too). See docs/preemption.md."""
+    preemption_grace_period: int = DEFAULT_GRACE_PERIOD
+    """Seconds the launcher waits for its workers to save and exit after forwarding a signal, before SIGKILL."""
     unused_keys: list[str] = dataclasses.field(default_factory=list)
     """Keys accepted but not acted on (Accelerate's deepspeed_config, tpu_*, ...), reported once."""
     provenance: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -197,6 +203,9 @@ class LaunchConfig:
             self.num_cpu_threads_per_process = to_int(
                 "num_cpu_threads_per_process", self.num_cpu_threads_per_process,
                 _where(self.provenance, "num_cpu_threads_per_process"), minimum=1)
+        self.preemption_signals = parse_signal_names(self.preemption_signals, _where(self.provenance, "preemption_signals"))
+        self.preemption_grace_period = to_int("preemption_grace_period", self.preemption_grace_period,
+                                              _where(self.provenance, "preemption_grace_period"), minimum=0)
         if self.main_process_port is not None:
             port = to_int("main_process_port", self.main_process_port, _where(self.provenance, "main_process_port"),
                           minimum=0)

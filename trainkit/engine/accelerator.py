@@ -44,7 +44,8 @@ from trainkit.engine.prepared import PreparedObjects
 from trainkit.engine.process_control import only_when, split_inputs
 from trainkit.engine.state import ProcessState
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
-from trainkit.engine.tracking import GeneralTracker, find_tracker, resolve_log_with, start_trackers
+from trainkit.engine.tracker_api import TrackerAPI
+from trainkit.engine.tracking import GeneralTracker, resolve_log_with
 from trainkit.engine.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
     AutocastKwargs,
@@ -61,7 +62,7 @@ from trainkit.utils.dataclasses import (
 logger = logging.getLogger(__name__)
 
 
-class Accelerator(ProcessIdentity):
+class Accelerator(ProcessIdentity, TrackerAPI):
     """Train one model-and-loop on one CPU, one GPU, many processes (DDP) or sharded (FSDP2).
 
     Arguments follow Hugging Face Accelerate's; an argument left at None is "not set" and takes the value
@@ -436,6 +437,17 @@ class Accelerator(ProcessIdentity):
             return True
         return False
 
+    def check_preemption(self) -> None:
+        """Call once per step, at the same point on every process, to survive preemption (docs/preemption.md).
+
+        When SIGTERM/SIGINT/SIGUSR1 reached any process, every process stops at the same call, ``save_state()``
+        writes the next automatically named checkpoint, and the process exits with code 75 (``Preempted``).
+        Needs ``ProjectConfiguration(automatic_checkpoint_naming=True)``; ``load_state()`` resumes.
+        """
+        from trainkit.engine.preemption import check_accelerator
+
+        check_accelerator(self)
+
     # -- running on some processes ----------------------------------------------------------------
     def main_process_first(self) -> contextlib.AbstractContextManager:
         """Run the block on the main process before the others (e.g. to build a dataset cache)."""
@@ -544,28 +556,7 @@ class Accelerator(ProcessIdentity):
 
     clear = free_memory
 
-    # -- tracking ---------------------------------------------------------------------------------
-    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
-                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
-        """Start the JSONL tracker and those named in ``log_with`` (main process only)."""
-        if self.is_main_process:
-            logging_dir = self.logging_dir or self.project_dir or "runs"
-            self.trackers = start_trackers(project_name, logging_dir, self.log_with, init_kwargs, config)
-
-    def get_tracker(self, name: str, unwrap: bool = False) -> GeneralTracker:
-        """The started tracker called ``name``."""
-        return find_tracker(self.trackers, name)
-
-    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict] | None = None) -> None:
-        """Send values to every tracker (main process only; nested dicts as each tracker groups them)."""
-        for tracker in self.trackers:
-            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
-
-    def end_training(self) -> None:
-        """Flush and close the trackers."""
-        for tracker in self.trackers:
-            tracker.finish()
-        self.trackers = []
+    # -- tracking: init_trackers, get_tracker, log, end_training come from TrackerAPI ---------------
 
     # -- Accelerate's less common contexts (each lives in its own module) -------------------------
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> contextlib.AbstractContextManager:

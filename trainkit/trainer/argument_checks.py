@@ -96,9 +96,6 @@ def _check_unavailable_features(args: Any) -> None:
         raise ConfigError(f"liger_kernel_config in {WHERE} only acts with use_liger_kernel=True.")
     if not args.skip_memory_metrics and importlib.util.find_spec("psutil") is None:
         raise ConfigError(f"skip_memory_metrics=False in {WHERE} needs the psutil package to measure memory; it is not installed.")
-    if args.enable_jit_checkpoint:
-        raise ConfigError(f"enable_jit_checkpoint=True in {WHERE}: trainkit's Trainer does not yet save on SIGTERM "
-                          "itself; use save_strategy='steps' and resume_from_checkpoint=True after a preemption.")
 
 
 def _check_distributed(args: Any) -> None:

@@ -147,13 +147,13 @@ class TrainingArguments(ProcessAttributes):
     save_total_limit: int | None = field(default=None, metadata={"help": "Keep at most N checkpoints; the best one is never deleted."})
     save_only_model: bool = field(default=False, metadata={"help": "Save weights only (no optimizer, scheduler or RNG state: cannot resume)."})
     save_on_each_node: bool = field(default=False, metadata={"help": "With several machines: each machine writes its own checkpoints."})
-    enable_jit_checkpoint: bool = field(default=False, metadata={"help": "Save a checkpoint when SIGTERM arrives (preemption)."})
     load_best_model_at_end: bool = field(default=False, metadata={"help": "Load the best checkpoint when training ends (needs matching eval and save strategies)."})
     metric_for_best_model: str | None = field(default=None, metadata={"help": "Metric that decides the best checkpoint (default 'loss' when needed)."})
     greater_is_better: bool | None = field(default=None, metadata={"help": "Whether a larger metric is better (default: unless the name ends in 'loss')."})
     resume_from_checkpoint: str | None = field(default=None, metadata={"help": "For scripts: a checkpoint folder to resume from (pass it to train())."})
     ignore_data_skip: bool = field(default=False, metadata={"help": "On resume, start the epoch's data from the beginning instead of skipping what was seen."})
     restore_callback_states_from_checkpoint: bool = field(default=False, metadata={"help": "On resume, restore the saved state of stateful callbacks (e.g. early stopping's counter)."})
+    enable_jit_checkpoint: bool | None = field(default=None, metadata={"help": "On SIGTERM/SIGINT/SIGUSR1 all processes stop at one step, save checkpoint-N and exit 75; the same command resumes (docs/preemption.md). Default: on whenever checkpoints are saved (save_strategy != 'no'); False turns it off.", "nargs": "?", "const": True})
 
     # --- reproducibility and hardware ---
     seed: int = field(default=42, metadata={"help": "Seed set before the model is initialised and training starts."})

@@ -14,9 +14,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from trainkit.engine.checkpoint import rotate_checkpoints
+from trainkit.engine.checkpoint.atomic import decide_on_rank0
 from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, find_resume_folder
 
-from . import checkpoints, resume
+from . import checkpoints, preemption, resume
 
 if TYPE_CHECKING:
     from .trainer import Trainer
@@ -58,13 +59,17 @@ class CheckpointManager:
     def resume_folder(self, requested: str | os.PathLike | bool | None) -> str | None:
         """Collective: the folder ``train(resume_from_checkpoint=requested)`` resumes from (see
         :func:`~trainkit.engine.checkpoint.resume_folder.find_resume_folder`), or None."""
+        output_dir = self.trainer.args.output_dir
         if requested is True:
             try:
-                return find_resume_folder(True, self.trainer.args.output_dir, conventions=[TRAINER_CONVENTION])
+                return find_resume_folder(True, output_dir, conventions=[TRAINER_CONVENTION])
             except FileNotFoundError:
-                raise ValueError(f"resume_from_checkpoint=True but {self.trainer.args.output_dir} has no complete "
-                                 "checkpoint.") from None
-        return find_resume_folder(requested, self.trainer.args.output_dir, conventions=[TRAINER_CONVENTION])
+                raise ValueError(f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint.") from None
+        reason = None
+        if requested is None and decide_on_rank0("look for a preemption marker",
+                                                 lambda: preemption.was_preempted(output_dir)):
+            reason = f"The previous run in {output_dir} was stopped by a preemption signal"
+        return find_resume_folder(requested, output_dir, conventions=[TRAINER_CONVENTION], automatic_reason=reason)
 
     def resume(self, folder: str, train_dataloader: Any, steps_per_epoch: int | None) -> resume.ResumePoint:
         """Collective: load ``folder`` (weights, optimizer, schedule, RNG, data position, trainer state); return

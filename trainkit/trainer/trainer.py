@@ -1,10 +1,9 @@
 """The Trainer: transformers' Trainer API over trainkit's engine, with a training loop that fits on one screen.
 
-Everything a user may change is a small method (compute_loss, training_step, prediction_step,
-create_optimizer, create_scheduler, get_*_dataloader, log, evaluate). Accumulation is the engine's: the
-Trainer reads a whole window of micro-batches, opens it in the engine (which counts its loss items on every
-process and decides when gradients sync), and keeps only its weighting policy: each micro-batch's mean loss
-weighted by its share of the window's items, so k micro-batches of b equal one batch of k·b.
+Everything a user may change is a small method (compute_loss, training_step, prediction_step, create_optimizer,
+create_scheduler, get_*_dataloader, log, evaluate). Accumulation is the engine's: the Trainer opens each window
+of micro-batches in the engine (which counts its loss items on every process and decides when gradients sync)
+and keeps only its weighting policy: each micro-batch's mean loss weighted by its share of the window's items.
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 
 from trainkit.engine.accumulation import accumulation_windows
 
-from . import checkpoints, hub, resume, wiring
+from . import checkpoints, hub, preemption, resume, wiring
 from .arguments import TrainingArguments
 from .callbacks import (
     CallbackHandler,
@@ -308,7 +307,8 @@ class Trainer:
                                   is_world_process_zero=self.is_world_process_zero())
         self.state.compute_steps(self.args, plan.max_steps)
         start_at = self._resume(resume_from_checkpoint, train_dataloader, plan) if resume_from_checkpoint else resume.START
-        return self._training_loop(train_dataloader, plan, start_at, ignore_keys_for_eval)
+        with preemption.watching(self):  # SIGTERM & co.: every rank saves one checkpoint, exits 75
+            return self._training_loop(train_dataloader, plan, start_at, ignore_keys_for_eval)
 
     def _training_loop(self, train_dataloader, plan: TrainingPlan, start_at: resume.ResumePoint, ignore_keys_for_eval) -> TrainOutput:
         args, state, handler, model = self.args, self.state, self.callback_handler, self.model_wrapped
@@ -337,6 +337,7 @@ class Trainer:
                 state.epoch = epoch + (steps_in_epoch / plan.steps_per_epoch if plan.steps_per_epoch else 0)
                 self.control = handler.on_step_end(args, state, self.control)
                 self._maybe_log_save_evaluate(ignore_keys_for_eval)
+                preemption.at_step_boundary(self)
                 if self.control.should_epoch_stop or self.control.should_training_stop:
                     break
             self.control = handler.on_epoch_end(args, state, self.control)

@@ -1,0 +1,45 @@
+"""Accelerate's tracking methods (``init_trackers``, ``get_tracker``, ``log``, ``end_training``) for the facade.
+
+``Accelerator`` inherits :class:`TrackerAPI`; the trackers themselves live in :mod:`trainkit.engine.tracking`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainkit.engine.tracking import GeneralTracker, find_tracker, start_trackers
+
+
+class TrackerAPI:
+    """The run's trackers (main process only): JSONL always, plus those named in ``log_with``."""
+
+    trackers: list[GeneralTracker]
+    log_with: list[Any]
+    is_main_process: bool
+    logging_dir: str | None
+    project_dir: str | None
+
+    def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
+                      init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
+        """Start the JSONL tracker and those named in ``log_with`` (main process only)."""
+        if self.is_main_process:
+            logging_dir = self.logging_dir or self.project_dir or "runs"
+            self.trackers = start_trackers(project_name, logging_dir, self.log_with, init_kwargs, config)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> GeneralTracker:
+        """The started tracker called ``name``."""
+        return find_tracker(self.trackers, name)
+
+    def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict] | None = None) -> None:
+        """Send values to every tracker (main process only; nested dicts as each tracker groups them)."""
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Flush and close the trackers; stop handling preemption signals."""
+        from trainkit.engine.preemption import stop_watching
+
+        stop_watching(self)
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
