@@ -16,8 +16,16 @@ class TrackerAPI:
     trackers: list[GeneralTracker]
     log_with: list[Any]
     is_main_process: bool
-    logging_dir: str | None
-    project_dir: str | None
+
+    @property
+    def logging_dir(self) -> str | None:
+        """Where trackers write (the facade says)."""
+        raise NotImplementedError
+
+    @property
+    def project_dir(self) -> str | None:
+        """The run's folder (the facade says)."""
+        raise NotImplementedError
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
