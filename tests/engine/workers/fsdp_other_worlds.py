@@ -49,7 +49,7 @@ def load_sharded_checkpoint() -> None:
     model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     strategy = accelerator.strategy
     started = time.perf_counter()
-    state = {"model": strategy.model_state_dict(model), "optimizer": strategy.optimizer_state_dict(model, optimizer)}
+    state = {"model": strategy.model_state_dict(model), "optimizer": strategy.optimizer_load_target(model, optimizer)}
     dcp.load(state, checkpoint_id=str(OUT / "dcp"))
     strategy.load_model_state_dict(model, state["model"])
     strategy.load_optimizer_state_dict(model, optimizer, state["optimizer"])

@@ -20,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainkit import Accelerator
-from trainkit.utils import ProjectConfiguration, set_seed
+from trainkit.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 
 STEPS = 40
 STEP_SECONDS = 0.03
@@ -46,8 +46,11 @@ def run(project_dir: str, signal_at: int | None) -> tuple[dict[str, torch.Tensor
     x = torch.randn(8 * STEPS, 4, generator=generator)
     dataset = TensorDataset(x, x @ torch.tensor([1.0, -2.0, 0.5, 3.0]))
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    # use_stateful_dataloader: load_state continues at the exact next batch (Accelerate's default restores the
+    # epoch only and leaves skipping to the script).
     accelerator = Accelerator(cpu=True, project_config=ProjectConfiguration(
-        project_dir=project_dir, automatic_checkpoint_naming=True))
+        project_dir=project_dir, automatic_checkpoint_naming=True),
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     counter = StepCounter()
     model, optimizer, loader = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                                    DataLoader(dataset, batch_size=4, shuffle=True))

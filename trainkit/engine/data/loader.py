@@ -140,7 +140,9 @@ class PreparedDataLoader(DataLoader):
                 raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
             self._stream.seed = self.seed
             self._stream.load_state_dict(state["stream"])
-        samples_seen = int(state["samples_seen"]) if self.resume_mid_epoch or self.is_stream else 0
+        # A stream (or a dispatched loader) cannot skip without reading: it always continues where it stood.
+        mid_epoch = self.resume_mid_epoch or self.is_stream or self.dispatch_to is not None
+        samples_seen = int(state["samples_seen"]) if mid_epoch else 0
         self.progress.move_to(int(state["epoch"]), samples_seen)
 
     def _set_seed(self, seed: int) -> None:

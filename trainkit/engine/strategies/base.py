@@ -154,6 +154,21 @@ class Strategy:
             state = {**state, "state": {}}
         return state
 
+    def optimizer_load_target(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The state structure ``torch.distributed.checkpoint.load`` fills for ``optimizer``, as it lives.
+
+        An optimizer without state gets its state tensors initialised for the target (DCP needs them to know
+        shapes and shards); the running optimizer is left without state, as it was.
+        """
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        untouched = not optimizer.state
+        target = get_optimizer_state_dict(model, optimizer, options=StateDictOptions())
+        if untouched:
+            optimizer.state.clear()
+        return target
+
     def load_optimizer_state_dict(self, model: nn.Module, optimizer: torch.optim.Optimizer, state_dict: dict[str, Any],
                                   *, full: bool = False, from_rank0: bool = False) -> None:
         """Load what :meth:`optimizer_state_dict` returned (saved on any number of ranks and strategies).
