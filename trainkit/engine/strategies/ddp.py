@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import weakref
 from typing import Any
 
 from torch import nn
@@ -38,6 +40,7 @@ class DDPStrategy(Strategy):
             return model  # a frozen model (e.g. a teacher) has nothing to synchronise
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        self.state.before_shutdown(functools.partial(_release_process_group, weakref.ref(wrapped)))
         if self.comm_hook:
             from .ddp_hooks import register_comm_hook
 
@@ -49,3 +52,14 @@ class DDPStrategy(Strategy):
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager:
         return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
+
+
+def _release_process_group(reference: weakref.ref) -> None:
+    """At shutdown: let a DDP wrapper (maybe still referenced by the script) drop its reducer and group."""
+    wrapped = reference()
+    if wrapped is None:
+        return
+    for name in ("logger", "reducer"):
+        if hasattr(wrapped, name):
+            delattr(wrapped, name)
+    wrapped.process_group = None
