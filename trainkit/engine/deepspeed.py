@@ -148,11 +148,6 @@ class ShardedStateOptimizer(ZeroRedundancyOptimizer):
         # The user's scheduler holds the original groups: let this optimizer read its hyper-parameters there.
         self.param_groups = optimizer.param_groups
 
-    def local_state_bytes(self) -> int:
-        """Bytes of optimizer state this rank holds (its shard)."""
-        return sum(value.numel() * value.element_size() for state in self.optim.state.values()
-                   for value in state.values() if isinstance(value, torch.Tensor))
-
     def state_dict(self) -> dict[str, Any]:
         """The full optimizer state on every rank (each rank gathers it in turn; collective)."""
         state: dict[str, Any] = {}
