@@ -5,7 +5,9 @@ A GPT-2-small-shaped checkpoint (GPT2Config defaults, 124M parameters, ~500 MB f
 a temporary folder with ``save_pretrained``. Each mode is its own 2-rank gloo launch (peak RSS is per
 process). Every rank measures its RSS after start-up (torch, transformers, process group: the "runtime"),
 then builds an ``Accelerator``, calls ``from_pretrained`` and ``prepare``, and reports its peak RSS. The
-target for rank 1 is ``runtime + its shard`` plus 15 %. Prints one JSON line per mode::
+target for rank 1 is ``runtime + its shard`` plus 15 %. A third mode loads with ``dtype=torch.bfloat16``,
+a conversion that makes ``from_pretrained`` read every weight unless the rank builds on the meta device.
+Prints one JSON line per mode::
 
     .venv/bin/python benchmarks/fsdp_loading_memory.py
 """
@@ -34,7 +36,7 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker(checkpoint: str, efficient: bool) -> None:
+def worker(checkpoint: str, efficient: bool, dtype_name: str) -> None:
     """One rank: load + prepare, then rank 0 prints every rank's figures."""
     import torch
     import torch.distributed as dist
@@ -47,7 +49,7 @@ def worker(checkpoint: str, efficient: bool) -> None:
     plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP",
                                             cpu_ram_efficient_loading=efficient, sync_module_states=efficient)
     accelerator = Accelerator(fsdp_plugin=plugin)
-    model = GPT2LMHeadModel.from_pretrained(checkpoint)
+    model = GPT2LMHeadModel.from_pretrained(checkpoint, dtype=getattr(torch, dtype_name))
     after_load = rss_mib()
     on_meta = model.transformer.h[0].mlp.c_fc.weight.is_meta
     total = sum(p.numel() * p.element_size() for p in model.parameters()) / MiB
@@ -61,7 +63,7 @@ def worker(checkpoint: str, efficient: bool) -> None:
     dist.all_gather_object(gathered, figures)
     if dist.get_rank() == 0:
         print(json.dumps({"benchmark": "fsdp_loading_memory", "cpu_ram_efficient_loading": efficient,
-                          "torch": torch.__version__, "ranks": gathered}), flush=True)
+                          "dtype": dtype_name, "torch": torch.__version__, "ranks": gathered}), flush=True)
     dist.destroy_process_group()
 
 
@@ -71,8 +73,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         GPT2LMHeadModel(GPT2Config()).save_pretrained(folder)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1"}
-        for efficient in [(False, True), (True,)][os.environ.get("ONLY_EFFICIENT") == "1"]:
-            result = subprocess.run(torchrun_command(2, __file__, "--worker", folder, str(int(efficient))),
+        modes = [(False, "float32"), (True, "float32"), (True, "bfloat16")]
+        for efficient, dtype_name in modes[1:] if os.environ.get("ONLY_EFFICIENT") == "1" else modes:
+            command = torchrun_command(2, __file__, "--worker", folder, str(int(efficient)), dtype_name)
+            result = subprocess.run(command,
                                     capture_output=True, text=True, env=env, check=False)
             lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
             print(lines[-1] if lines else json.dumps({"error": result.stderr[-2000:]}), flush=True)
@@ -80,6 +84,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], sys.argv[3] == "1")
+        worker(sys.argv[2], sys.argv[3] == "1", sys.argv[4])
     else:
         main()

@@ -150,6 +150,10 @@ def test_four_ranks_hybrid_and_load_2_rank_checkpoint(out: Path) -> None:
         assert hybrid["mesh_shape"] == [2, 2] and hybrid["mesh_dims"] == ["replicate", "shard"], hybrid
         assert hybrid["loss_diff"] <= LOSS_TOLERANCE and hybrid["norm_diff"] <= LOSS_TOLERANCE, hybrid
         assert hybrid["local_fraction"] == pytest.approx(0.5, abs=0.01), hybrid
+    for name, mesh_shape in (("HYBRID_SHARD_rank0_loading", [2, 2]), ("NO_SHARD_rank0_loading", [4, 1])):
+        loaded = entry[name]  # ranks 1-3 built on the meta device: every weight came from rank 0
+        assert loaded["mesh_shape"] == mesh_shape and loaded["loss_diff"] <= LOSS_TOLERANCE, loaded
+        assert loaded["norm_diff"] <= LOSS_TOLERANCE, loaded
     one_machine = entry["HYBRID_SHARD_one_machine"]
     assert one_machine["mesh_shape"] == [1, 4] and one_machine["loss_diff"] <= LOSS_TOLERANCE
     assert entry["dcp_load"]["model_identical"] == 1.0 and entry["dcp_load"]["optimizer_identical"] == 1.0

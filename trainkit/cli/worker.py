@@ -23,6 +23,7 @@ import traceback
 from types import TracebackType
 
 from trainkit.config.files import write_text_atomic
+from trainkit.config.handoff import LAUNCH_CONFIG_ENV
 
 LAUNCHER_PID_ENV = "TRAINKIT_LAUNCHER_PID"
 _PR_SET_PDEATHSIG = 1
@@ -105,9 +106,24 @@ def run_target(argv: list[str]) -> None:
         runpy.run_path(target, run_name="__main__")
 
 
+def _prepare_model_loading() -> None:
+    """Settings the script's model loading must see before it runs: ``cpu_ram_efficient_loading``, from
+    the launcher's FSDP config or a DeepSpeed config's ``zero3_init_flag``."""
+    if not os.environ.get(LAUNCH_CONFIG_ENV):
+        return
+    from trainkit.config.engine import resolve_engine_config
+
+    fsdp = resolve_engine_config().fsdp
+    if fsdp is not None and fsdp.cpu_ram_efficient_loading:
+        from trainkit.engine.pretrained_loading import load_on_rank0_only
+
+        load_on_rank0_only()
+
+
 def main() -> None:
     """Entry point of ``python -m trainkit.cli.worker``."""
     die_with_launcher()
+    _prepare_model_loading()
     # Drop this bootstrap's own folder from the path, as if the script had been started directly.
     if sys.path and sys.path[0] in ("", os.getcwd()) and not os.environ.get("PYTHONSAFEPATH"):
         sys.path.pop(0)

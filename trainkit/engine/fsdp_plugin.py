@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,6 +20,7 @@ import torch
 from trainkit.config.errors import ConfigError
 from trainkit.config.fsdp import FSDPOptions
 from trainkit.config.values import parse_mixed_precision
+from trainkit.engine.pretrained_loading import load_on_rank0_only
 
 logger = logging.getLogger(__name__)
 
@@ -145,9 +145,7 @@ class FullyShardedDataParallelPlugin:
         if self.fsdp_version not in (None, 2, "2"):
             logger.warning("fsdp_version=%s requested: trainkit runs FSDP2 (fully_shard) only.", self.fsdp_version)
         if self.options.cpu_ram_efficient_loading:
-            # transformers' from_pretrained reads these to load weights on local rank 0 only (as with Accelerate).
-            os.environ["ACCELERATE_USE_FSDP"] = "true"
-            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "true"
+            load_on_rank0_only()  # before the script's from_pretrained: other ranks build on meta
 
     def _write_back_normalised(self) -> None:
         """Show the resolved values in the plugin's own fields (Accelerate's scripts read them)."""

@@ -1,9 +1,10 @@
-"""Pure functions that turn FSDP options into FSDP2 calls: wrap units, meshes, sharding, prefetch, loading.
+"""Pure functions that turn FSDP options into FSDP2 calls: wrap units, meshes, sharding, prefetch.
 
 Nothing here holds state: :class:`trainkit.engine.strategies.fsdp.FSDPStrategy` calls these in order
 (choose units, keeping tied parameters in one group -> place or meta-move (re-tying) -> one dtype per
-group -> checkpoint activations -> ``fully_shard`` bottom-up -> load
-rank 0's weights -> wire prefetching). Each function does one FSDP2 step and can be tested alone.
+group -> checkpoint activations -> ``fully_shard`` bottom-up -> wire prefetching); getting rank 0's
+weights onto the other ranks lives in :mod:`trainkit.engine.rank0_weights`. Each function does one
+FSDP2 step and can be tested alone.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -286,65 +286,7 @@ def wire_prefetch(units: Sequence[nn.Module], *, forward_prefetch: bool, backwar
             current.set_modules_to_backward_prefetch([previous])
 
 
-# -- rank 0's weights -------------------------------------------------------------------------------
-BROADCAST_BUCKET_BYTES = 64 * 2**20
-"""Tensors are broadcast in flat buckets of about this size: few collectives, little extra memory."""
-
-
-def broadcast_module_states(model: nn.Module, src: int = 0) -> None:
-    """Overwrite every parameter and buffer with rank ``src``'s values (bucketed broadcasts per dtype)."""
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-    buckets: dict[torch.dtype, list[list[torch.Tensor]]] = {}
-    bucket_bytes: dict[torch.dtype, int] = {}
-    seen: set[int] = set()
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if id(tensor) in seen:
-            continue
-        seen.add(id(tensor))
-        size = tensor.numel() * tensor.element_size()
-        if tensor.dtype not in buckets or bucket_bytes[tensor.dtype] + size > BROADCAST_BUCKET_BYTES:
-            buckets.setdefault(tensor.dtype, []).append([])
-            bucket_bytes[tensor.dtype] = 0
-        buckets[tensor.dtype][-1].append(tensor.data)
-        bucket_bytes[tensor.dtype] += size
-    for bucket in (bucket for per_dtype in buckets.values() for bucket in per_dtype):
-        flat = _flatten_dense_tensors(bucket)
-        dist.broadcast(flat, src=src)
-        for tensor, synced in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-            tensor.copy_(synced)
-
-
-def move_to_meta_keeping_rank0_states(model: nn.Module, rank: int) -> dict[str, dict[str, torch.Tensor]]:
-    """Move ``model`` to the meta device; rank 0 first keeps its state dict and every buffer.
-
-    Buffers are kept by name because non-persistent ones (e.g. BERT's ``position_ids``) are not in the
-    state dict yet must reach every rank. Other ranks keep nothing: they may have built the model on
-    the meta device, without weights, to save host memory.
-    """
-    kept: dict[str, dict[str, torch.Tensor]] = {"state": {}, "buffers": {}}
-    if rank == 0:
-        kept["state"] = dict(model.state_dict())
-        kept["buffers"] = dict(model.named_buffers(remove_duplicate=False))
-    model.to("meta")
-    return kept
-
-
-def materialize_from_rank0(model: nn.Module, kept: dict[str, dict[str, torch.Tensor]], device: torch.device,
-                           rank: int) -> None:
-    """Allocate the sharded (meta) model on ``device`` and fill it with rank 0's weights and buffers."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    model.to_empty(device=device)
-    full_state: dict[str, Any] = kept["state"] if rank == 0 else {}
-    set_model_state_dict(model, full_state,
-                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    for name, buffer in model.named_buffers(remove_duplicate=False):
-        if rank == 0:
-            buffer.copy_(kept["buffers"][name])
-        dist.broadcast(buffer, src=0)
-
-
+# -- descriptions ---------------------------------------------------------------------------------
 def describe_units(units: Sequence[nn.Module], model: nn.Module) -> list[str]:
     """Qualified names of the chosen units (for logs and errors)."""
     names = {id(module): name for name, module in model.named_modules()}

@@ -78,7 +78,11 @@ def _check_unavailable_features(args: Any) -> None:
     if args.deepspeed is not None:  # a DeepSpeed config is read and checked now, as transformers does
         from .deepspeed import deepspeed_for_trainer
 
-        deepspeed_for_trainer(args)
+        translated = deepspeed_for_trainer(args)
+        if (translated.settings.fsdp_config or {}).get("fsdp_cpu_ram_efficient_loading"):  # zero3_init_flag
+            from trainkit.engine.pretrained_loading import load_on_rank0_only
+
+            load_on_rank0_only()  # arguments come before from_pretrained in a Trainer script
     if args.parallelism_config is not None:
         raise ConfigError(f"parallelism_config in {WHERE} needs Accelerate's ParallelismConfig (tensor/context "
                           "parallelism), which trainkit does not provide; use fsdp for sharding.")

@@ -366,6 +366,10 @@ class TrainingArguments(ProcessAttributes):
             options = dataclasses.replace(options, **overrides)
         if not isinstance(options, FSDPOptions):  # pragma: no cover - the loader's contract
             raise ConfigError(f"fsdp_config in {WHERE} did not resolve to FSDP options.")
+        if options.cpu_ram_efficient_loading:
+            from trainkit.engine.pretrained_loading import load_on_rank0_only
+
+            load_on_rank0_only()  # arguments come before from_pretrained in a Trainer script
         return options
 
     # ---------------------------------------------------------------- derived values

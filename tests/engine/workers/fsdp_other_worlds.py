@@ -95,6 +95,10 @@ def main() -> None:
                       optimizer_before=False), reference, "HYBRID_SHARD_ZERO2")
         # Default group size: the processes of one machine (all 4 here), so it shards like FULL_SHARD.
         compare(train(fsdp(sharding_strategy="HYBRID_SHARD"), steps=3), reference, "HYBRID_SHARD_one_machine")
+        for strategy in ("HYBRID_SHARD", "NO_SHARD"):  # only rank 0 has weights: shards, then replicas, get them
+            only_rank0 = build_bert(device="meta" if torch.distributed.get_rank() else None)
+            compare(train(fsdp(sharding_strategy=strategy, hybrid_shard_group_size=2, cpu_ram_efficient_loading=True),
+                          steps=5, clip=1.0, model=only_rank0), reference, f"{strategy}_rank0_loading")
     load_sharded_checkpoint()
     results["timing"] = {"seconds": time.perf_counter() - started}
     write_results(OUT, f"world_{world}", results)

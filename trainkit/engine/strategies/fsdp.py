@@ -27,7 +27,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainkit.config.fsdp import FSDPOptions
-from trainkit.engine import sharding
+from trainkit.engine import pretrained_loading, rank0_weights, sharding
 from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
 from trainkit.engine.precision import Precision
 from trainkit.engine.state import ProcessState
@@ -60,6 +60,8 @@ class FSDPStrategy(Strategy):
         self._replacements: dict[int, tuple[weakref.ref, nn.Parameter]] = {}
         if precision is not None:
             self.build_precision(precision.mode, precision.scaler_kwargs)
+        if self.options.cpu_ram_efficient_loading:  # from any source: plugin, launcher, DeepSpeed zero3_init_flag
+            pretrained_loading.load_on_rank0_only()  # a model loaded after Accelerator() is built on meta
         if self.options.ignored_keys:
             logger.info("FSDP options without effect under FSDP2: %s", ", ".join(self.options.ignored_keys))
 
@@ -81,12 +83,12 @@ class FSDPStrategy(Strategy):
         meta_loading = options.cpu_ram_efficient_loading and world > 1
         ties = sharding.parameter_ties(model)
         if meta_loading:
-            kept = sharding.move_to_meta_keeping_rank0_states(model, rank)
+            kept = rank0_weights.move_to_meta_keeping_rank0_states(model, rank)
             sharding.restore_parameter_ties(model, ties)  # Module.to("meta") gives each name its own tensor
         else:
             model.to(self.device)
             if options.sync_module_states and world > 1:
-                sharding.broadcast_module_states(model)
+                rank0_weights.broadcast_module_states(model)
         sharding.unify_group_dtypes(model, units)
         if options.activation_checkpointing:
             sharding.apply_activation_checkpointing(units or [model])
@@ -104,8 +106,9 @@ class FSDPStrategy(Strategy):
             offload=sharding.offload_policy(options.offload_params, self.device),
         )
         if meta_loading:
-            sharding.materialize_from_rank0(model, kept, self.device, rank)
+            rank0_weights.materialize_from_rank0(model, kept, self.device, rank)
             sharding.restore_parameter_ties(model, ties)
+            pretrained_loading.restore_from_pretrained()  # later loads (evaluation reloads) are real again
         sharding.wire_prefetch(units, forward_prefetch=options.forward_prefetch,
                                backward_prefetch=options.backward_prefetch)
         self._remember_replacements(originals, model)
