@@ -123,11 +123,11 @@ def _prepare_model_loading() -> None:
 def main() -> None:
     """Entry point of ``python -m trainkit.cli.worker``."""
     die_with_launcher()
-    _prepare_model_loading()
     # Drop this bootstrap's own folder from the path, as if the script had been started directly.
     if sys.path and sys.path[0] in ("", os.getcwd()) and not os.environ.get("PYTHONSAFEPATH"):
         sys.path.pop(0)
     try:
+        _prepare_model_loading()
         run_target(sys.argv[1:])
     except Exception as error:
         error = error.with_traceback(_without_bootstrap_frames(error.__traceback__))
