@@ -1,8 +1,9 @@
 """``cpu_ram_efficient_loading`` with ``from_pretrained``: only rank 0 reads weights, every rank ends up with them.
 
-CPU only. The unit tests run in this process (rank numbers come from the environment); the two
-launches run the worker on 2 gloo ranks: once under ``trainkit launch`` (model loaded before
-``Accelerator()``), once through ``TrainingArguments`` + ``Trainer``. Peak memory is measured by
+CPU only. The unit tests run in this process (rank numbers come from the environment); the three
+launches run the worker on 2 gloo ranks: under ``trainkit launch`` (model loaded before ``Accelerator()``),
+after ``Accelerator(deepspeed_plugin=...)`` with ``zero3_init_flag``, and through ``TrainingArguments`` +
+``Trainer``. Peak memory is measured by
 ``benchmarks/fsdp_loading_memory.py``, not here.
 """
 
@@ -96,6 +97,16 @@ def test_launcher_config_applies_before_the_script_loads(checkpoint: Path, tmp_p
     assert entry["state_diff"] == 0.0 and entry["tied"] == [1.0, 1.0]  # bf16 weights exactly, tie kept
     assert entry["loss_diff"] == 0.0  # sharded forward == the checkpoint loaded plainly
     assert entry["reference_real"] == [1.0, 1.0]  # after prepare, from_pretrained is normal again
+
+
+@pytest.mark.multiprocess
+def test_accelerator_with_deepspeed_zero3_init_flag_applies_before_the_script_loads(checkpoint: Path,
+                                                                                   tmp_path: Path) -> None:
+    run_torchrun(WORKER, "deepspeed", str(checkpoint), str(tmp_path), nproc=2, timeout=240,
+                 env=worker_env(device="cpu"))
+    entry = json.loads((tmp_path / "pretrained_deepspeed.json").read_text())
+    assert entry["fsdp_loading"] and entry["built_on_meta"] == [0.0, 1.0]
+    assert entry["state_diff"] == 0.0 and entry["tied"] == [1.0, 1.0] and entry["loss_diff"] == 0.0
 
 
 @pytest.mark.multiprocess

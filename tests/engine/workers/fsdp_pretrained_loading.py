@@ -4,6 +4,8 @@
 ``from_pretrained(..., dtype=torch.bfloat16)`` *before* ``Accelerator()`` (a conversion that makes
 transformers read every weight). ``MODE=trainer``: plain torchrun; ``TrainingArguments(fsdp=...,
 fsdp_config={"cpu_ram_efficient_loading": True})`` comes first, then ``from_pretrained``, then ``Trainer``.
+``MODE=deepspeed``: plain torchrun; ``Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero3_init_flag=True))``
+comes first, then ``from_pretrained``.
 
 ``python ... MODE CHECKPOINT OUT``; rank 0 writes ``OUT/pretrained_<MODE>.json``.
 """
@@ -33,11 +35,18 @@ def state_difference(full: dict[str, torch.Tensor]) -> float:
     return max(float((full[name].float().cpu() - tensor.float()).abs().max()) for name, tensor in expected.items())
 
 
-def launched() -> dict[str, object]:
-    from trainkit import Accelerator
+def launched(accelerator_first: bool) -> dict[str, object]:
+    """The Accelerate path: the launcher's config (model loaded first), or a DeepSpeed plugin built first."""
+    from trainkit import Accelerator, DeepSpeedPlugin
 
+    def make_accelerator() -> Accelerator:
+        if accelerator_first:  # zero3_init_flag runs as cpu_ram_efficient_loading (docs/deepspeed.md)
+            return Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True))
+        return Accelerator()
+
+    accelerator = make_accelerator() if accelerator_first else None
     model, on_meta = load()
-    accelerator = Accelerator()
+    accelerator = accelerator or make_accelerator()
     prepared = accelerator.prepare(model)
     full = accelerator.get_state_dict(prepared)
     with torch.no_grad():
@@ -80,5 +89,5 @@ def train_with_trainer(efficient: bool) -> tuple[list[float], bool]:
 
 
 if __name__ == "__main__":
-    results = launched() if MODE == "launch" else trained()
+    results = trained() if MODE == "trainer" else launched(accelerator_first=MODE == "deepspeed")
     write_results(OUT, f"pretrained_{MODE}", results)
