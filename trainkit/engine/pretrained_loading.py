@@ -3,9 +3,8 @@
 Under the option, FSDP fills every rank's shards from rank 0's weights (:mod:`trainkit.engine.rank0_weights`),
 so the other ranks need the model's structure only. transformers 5 no longer skips loading on those
 ranks: it memory-maps safetensors everywhere, which costs nothing until a page is read, but a dtype
-conversion at load (``dtype=torch.bfloat16`` over an fp32 checkpoint) or a ``.bin`` checkpoint
-materialises the whole model on every rank (measured: 1,089 MiB peak on rank 1 for GPT-2 small in bf16,
-against 355 MiB without reading). On ranks other than 0, :func:`load_on_rank0_only` therefore makes
+conversion at load (``dtype=torch.bfloat16`` over an fp32 checkpoint) materialises the whole model on
+every rank (measured: 1,089 MiB peak on rank 1 for GPT-2 small in bf16, against 355 MiB without reading). On ranks other than 0, :func:`load_on_rank0_only` therefore makes
 ``from_pretrained`` calls without a ``device_map`` build the model on the meta device, as Accelerate's
 users get from transformers 4 under the same option; buffers and weights arrive at ``prepare``.
 
