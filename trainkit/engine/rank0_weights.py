@@ -84,9 +84,9 @@ def materialize_from_rank0(model: nn.Module, kept: KeptStates, device: torch.dev
         if isinstance(param, DTensor):
             _fill_shard_rows(param, full, device)
         else:  # an ignored parameter: every rank holds it whole
-            _broadcast_through(param.data, full, device)
+            _broadcast_from_rank0(param.data, full, device)
     for name, buffer in model.named_buffers(remove_duplicate=False):
-        _broadcast_through(buffer, kept["buffers"].get(name) if rank == 0 else None, device)
+        _broadcast_from_rank0(buffer, kept["buffers"].get(name) if rank == 0 else None, device)
     # gloo may release a finished collective on its worker thread, which then needs the GIL to drop the
     # Python tensors it held; if the interpreter is already exiting, the process aborts ("terminate
     # called without an active exception"). Waiting here, GIL released, lets those releases happen now.
@@ -105,14 +105,19 @@ def _check_rank0_has_every_parameter(model: nn.Module, params: dict[str, torch.T
                            "changed between loading and prepare().")
 
 
-def _broadcast_through(target: torch.Tensor, source: torch.Tensor | None, device: torch.device) -> None:
-    """Give ``target`` rank 0's ``source`` (staged on ``device`` where the backend needs it)."""
-    staged = target if target.device == device and target.is_contiguous() else torch.empty_like(target, device=device)
+def _broadcast_from_rank0(target: torch.Tensor, source: torch.Tensor | None, device: torch.device) -> None:
+    """Give ``target`` rank 0's ``source`` (``None`` on the other ranks)."""
     if source is not None:
-        staged.copy_(source)
-    dist.broadcast(staged, src=0)
-    if staged is not target:
-        target.copy_(staged)
+        target.copy_(source)
+    _broadcast_in_place(target, device)
+
+
+def _broadcast_in_place(tensor: torch.Tensor, device: torch.device, group: dist.ProcessGroup | None = None) -> None:
+    """Overwrite ``tensor`` with the group's first rank's, staged contiguous on ``device`` where it is not."""
+    staged = tensor if tensor.device == device and tensor.is_contiguous() else tensor.to(device).contiguous()
+    dist.broadcast(staged, group=group, group_src=0)
+    if staged is not tensor:
+        tensor.copy_(staged)
 
 
 def _fill_shard_rows(param: DTensor, full: torch.Tensor | None, device: torch.device) -> None:
@@ -132,11 +137,7 @@ def _fill_shard_rows(param: DTensor, full: torch.Tensor | None, device: torch.de
     if all(index == 0 for index in coordinate[:-1]):  # this rank is in rank 0's shard group
         _scatter_in_blocks(local, full, tuple(param.shape), mesh.get_group(mesh.ndim - 1), device)
     if mesh.ndim == 2 and local.numel():  # replicas share a shard index, hence the same local shape
-        replicas = mesh.get_group(0)
-        staged = local if local.device == device and local.is_contiguous() else local.to(device).contiguous()
-        dist.broadcast(staged, group=replicas, group_src=0)
-        if staged is not local:
-            local.copy_(staged)
+        _broadcast_in_place(local, device, group=mesh.get_group(0))
 
 
 def _scatter_in_blocks(local: torch.Tensor, full: torch.Tensor | None, shape: tuple[int, ...],
