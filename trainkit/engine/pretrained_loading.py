@@ -4,12 +4,14 @@ Under the option, FSDP fills every rank's shards from rank 0's weights (:mod:`tr
 so the other ranks need the model's structure only. transformers 5 no longer skips loading on those
 ranks: it memory-maps safetensors everywhere, which costs nothing until a page is read, but a dtype
 conversion at load (``dtype=torch.bfloat16`` over an fp32 checkpoint) materialises the whole model on
-every rank (measured: 1,089 MiB peak on rank 1 for GPT-2 small in bf16, against 355 MiB without reading). On ranks other than 0, :func:`load_on_rank0_only` therefore makes
-``from_pretrained`` calls without a ``device_map`` build the model on the meta device, as Accelerate's
-users get from transformers 4 under the same option; buffers and weights arrive at ``prepare``.
+every rank (measured: 1,089 MiB peak on rank 1 for GPT-2 small in bf16, against 355 MiB without
+reading). On ranks other than 0, :func:`load_on_rank0_only` therefore makes ``from_pretrained`` calls
+without a ``device_map`` build the model on the meta device, as Accelerate's users get from
+transformers 4 under the same option; buffers and weights arrive at ``prepare``.
 
-Called wherever the option is resolved before a script can load a model: the FSDP plugin, the
-Trainer's ``TrainingArguments`` and the ``trainkit launch`` worker bootstrap. The first FSDP ``prepare``
+Called wherever the option is resolved before a script can load a model: the FSDP plugin, the FSDP
+strategy (any ``Accelerator`` source, a DeepSpeed ``zero3_init_flag`` included), the Trainer's
+``TrainingArguments`` and the ``trainkit launch`` worker bootstrap. The first FSDP ``prepare``
 with the option calls :func:`restore_from_pretrained`, so models loaded afterwards (an evaluation reload
 of the saved weights) are real on every rank again.
 """
