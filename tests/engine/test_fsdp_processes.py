@@ -107,6 +107,11 @@ def test_rank0_weights_reach_every_rank(out: Path, option: str) -> None:
     assert entry["loss_diff"] <= LOSS_TOLERANCE
 
 
+def test_rank0_loading_fills_ignored_modules(out: Path) -> None:
+    entry = results(out, "two_ranks")["rank0_loading_ignored_modules"]
+    assert entry == {"classifier_plain": 1.0, "classifier_equal": 1.0, "state_diff": 0.0}
+
+
 def test_issue_yaml_through_handoff(out: Path) -> None:
     entry = results(out, "two_ranks")["launcher_yaml"]
     assert entry["distributed_type"] == "FSDP" and entry["mixed_precision"] == "bf16"

@@ -165,6 +165,22 @@ def check_rank0_loading(reference) -> None:
         run = train(lambda a=accelerator: a, model=prepared, clip=1.0)
         entry["loss_diff"] = max(gather_floats(max_difference(run.losses, reference.losses)))
         results[name] = entry
+    check_rank0_loading_with_ignored_modules(initial)
+
+
+def check_rank0_loading_with_ignored_modules(initial: dict[str, torch.Tensor]) -> None:
+    """cpu_ram_efficient_loading also fills an ignored module (left whole, not sharded) on meta ranks."""
+    model = build_bert(device="meta" if dist.get_rank() else None)
+    accelerator = Accelerator(fsdp_plugin=plugin(cpu_ram_efficient_loading=True, ignored_modules=[model.classifier]))
+    prepared = accelerator.prepare(model)
+    classifier = prepared.classifier.weight
+    full = accelerator.get_state_dict(prepared)
+    entry = {"classifier_plain": min(gather_floats(float(not isinstance(classifier, DTensor)))),
+             "classifier_equal": min(gather_floats(float(torch.equal(classifier.detach().cpu(),
+                                                                     initial["classifier.weight"]))))}
+    if accelerator.is_main_process:
+        entry["state_diff"] = state_difference(full, initial)
+    results["rank0_loading_ignored_modules"] = entry
 
 
 def check_launcher_yaml(bf16_reference) -> None:
