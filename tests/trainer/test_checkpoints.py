@@ -1,31 +1,74 @@
 """The Trainer's checkpoint-N folders on one process: atomic and pickle-free layout, weights written once,
 exact resume from any step, automatic resume after a restart, incomplete ones skipped, rotation, save_only_model.
+
+Device: CPU, as every unmarked test (conftest); the `gpu` tests at the end repeat the exact-resume claims on CUDA.
+Bitwise equality of two runs needs the same device for both (CPU and CUDA dropout draw from different
+generators) and, on CUDA, deterministic kernels: cuBLAS with a fixed workspace (``CUBLAS_WORKSPACE_CONFIG``),
+``torch.use_deterministic_algorithms(True)`` and cuDNN's deterministic algorithms, TF32 off (the
+``deterministic_cuda_kernels`` fixture). CPU kernels are deterministic as they are.
 """
 
 import json
 import logging
 import os
+import random
 import shutil
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.checkpoint_workload import final_weights, make_trainer
+from tests.trainer.checkpoint_workload import DropoutRegressor, final_weights, make_trainer
 from trainkit.engine.checkpoint import read_manifest, verify_checkpoint
+from trainkit.engine.state import ProcessState
 from trainkit.trainer import checkpoints
 
 pytestmark = pytest.mark.timeout(180)
 STEPS = 16  # 2 epochs of 8 optimizer steps; step 8 ends epoch 1 with a short window
+FORWARDS_PER_EPOCH = 22  # 44 samples in batches of 2; windows of 3 micro-batches, the last one of 1
+if torch.cuda.is_available():
+    # cuBLAS reads its workspace configuration once per process, when a GEMM first needs it. Modules are imported
+    # at collection, before any test runs, so this reaches the `gpu` tests below (it changes nothing on CPU).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """One run of the workload with a checkpoint after every step: (output_dir, final weights)."""
+    """One run of the workload, on CPU, with a checkpoint after every step: (output_dir, final weights).
+
+    A module fixture is set up before conftest's per-test CPU process state, so it makes its own: left to
+    itself the engine would pick CUDA on a GPU machine, and every test below would compare a CUDA run with
+    CPU runs (that is what made these tests fail on an H200 by up to 0.44 while passing on CPU machines).
+    """
     output_dir = str(tmp_path_factory.mktemp("uninterrupted") / "out")
-    trainer = make_trainer(output_dir)
-    assert trainer.train().global_step == STEPS
-    return output_dir, final_weights(trainer)
+    ProcessState.reset()
+    ProcessState.get(cpu=True)
+    try:
+        trainer = make_trainer(output_dir)
+        assert trainer.accelerator.device.type == "cpu"
+        assert trainer.train().global_step == STEPS
+        return output_dir, final_weights(trainer)
+    finally:
+        ProcessState.reset()
+
+
+@pytest.fixture
+def deterministic_cuda_kernels():
+    """For the CUDA runs that claim bitwise equality: deterministic kernels, TF32 off; restored afterwards."""
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") in (":4096:8", ":16:8"), "set before the process's first GEMM"
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+    (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) = saved[2:]
 
 
 def _assert_bitwise_equal(expected: dict, actual: dict) -> None:
@@ -63,6 +106,7 @@ def test_resume_from_any_step_reaches_bitwise_the_uninterrupted_weights(uninterr
     assert interrupted.train().global_step == stop_after
     resumed = make_trainer(output_dir)
     assert resumed.train(resume_from_checkpoint=True).global_step == STEPS
+    assert interrupted.accelerator.device.type == resumed.accelerator.device.type == "cpu"  # as the fixture's run
     assert resumed.state.epoch == 2.0
     _assert_bitwise_equal(expected, final_weights(resumed))
     # The log history goes on from the checkpoint's: one training loss per step, none twice.
