@@ -15,6 +15,7 @@ import random
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -220,3 +221,105 @@ def test_accelerator_load_state_with_automatic_naming_after_a_restart(tmp_path, 
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
     with pytest.raises(FileNotFoundError):
         nothing_yet.load_state()  # outside a restart, asking for a checkpoint that does not exist stays an error
+
+
+class RecordingRegressor(DropoutRegressor):
+    """The workload's model; each training forward notes its batch and the state of every random stream."""
+
+    def __init__(self, records: list) -> None:
+        super().__init__()
+        self.records = records
+
+    def forward(self, x, labels=None):
+        if self.training:
+            self.records.append(_batch_and_streams(x, labels))
+        return super().forward(x, labels)
+
+
+def _batch_and_streams(x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The batch and, as tensors, every generator a step can draw from at this point (dropout's among them)."""
+    numpy_state = np.random.get_state()
+    record = {
+        "batch x": x.detach().cpu().clone(), "batch labels": labels.detach().cpu().clone(),
+        "torch CPU generator": torch.get_rng_state(),
+        "python random": torch.tensor(random.getstate()[1], dtype=torch.int64),
+        "numpy": torch.tensor([*numpy_state[1].tolist(), int(numpy_state[2])], dtype=torch.int64),
+    }
+    if x.is_cuda:
+        record["CUDA generator of the batch's device"] = torch.cuda.get_rng_state(x.device)
+    return record
+
+
+def _runs_with_records(tmp_path, stop_after: int):
+    """Uninterrupted and interrupted-then-resumed runs of the workload on the current process state's device:
+    (records of every training forward of the uninterrupted run, of the resumed run, both final weights)."""
+    full, partial, resumed = [], [], []
+    reference = make_trainer(str(tmp_path / "full"), model_init=lambda: RecordingRegressor(full))
+    reference.train()
+    make_trainer(str(tmp_path / "resumed"), stop_after=stop_after, model_init=lambda: RecordingRegressor(partial)).train()
+    again = make_trainer(str(tmp_path / "resumed"), model_init=lambda: RecordingRegressor(resumed))
+    assert again.train(resume_from_checkpoint=True).global_step == STEPS
+    assert reference.accelerator.device == again.accelerator.device
+    return full, resumed, final_weights(reference), final_weights(again), again.accelerator.device
+
+
+def _assert_same_batches_and_streams(full: list, resumed: list, stop_after: int) -> None:
+    done = stop_after * 3 if stop_after * 3 <= FORWARDS_PER_EPOCH else None
+    assert done is not None, "pick a stop step inside the first epoch's full windows"
+    assert len(resumed) == len(full) - done
+    for offset, (expected, actual) in enumerate(zip(full[done:], resumed)):
+        assert expected.keys() == actual.keys()
+        different = [name for name in expected if not torch.equal(expected[name], actual[name])]
+        assert not different, f"training forward {done + offset + 1}: {different} differ from the uninterrupted run's"
+
+
+def test_after_resume_every_forward_sees_the_uninterrupted_batch_and_random_streams(tmp_path):
+    """CPU: the mechanism behind bitwise resume, stream by stream. At every training forward after resuming from
+    step 5, the batch and the states of torch's CPU generator (dropout's), python's and numpy's equal, as tensors,
+    those of the uninterrupted run at the same forward; the final weights follow."""
+    full, resumed, expected, actual, device = _runs_with_records(tmp_path, stop_after=5)
+    assert device.type == "cpu"
+    _assert_same_batches_and_streams(full, resumed, stop_after=5)
+    _assert_bitwise_equal(expected, actual)
+
+
+@pytest.mark.gpu
+def test_resume_on_cuda_continues_every_stream_and_reaches_bitwise_the_uninterrupted_weights(
+        tmp_path, deterministic_cuda_kernels):
+    """CUDA, one process (deterministic kernels, TF32 off): the same as on CPU, plus the CUDA generator dropout
+    draws from on the GPU; a stream or batch that differs is named."""
+    full, resumed, expected, actual, device = _runs_with_records(tmp_path, stop_after=5)
+    assert device.type == "cuda"
+    assert "CUDA generator of the batch's device" in full[0]
+    _assert_same_batches_and_streams(full, resumed, stop_after=5)
+    _assert_bitwise_equal(expected, actual)
+
+
+RESTORE_BEFORE_CUDA_INIT = """
+import json, sys, torch
+from trainkit.engine.checkpoint.rng import restore_rng_state
+state, expected = json.load(open(sys.argv[1]))
+torch.manual_seed(7)  # queued: CUDA is not initialised yet in this fresh process, as in a script that seeds first
+assert not torch.cuda.is_initialized()
+restore_rng_state(state, torch.device("cuda", 0))
+print(json.dumps(torch.rand(5, device="cuda").tolist() == expected))
+"""
+
+
+@pytest.mark.gpu
+def test_cuda_states_restored_before_cuda_is_initialised_are_kept(tmp_path):
+    """CUDA, a fresh process: a seed set before CUDA exists is queued by torch and run at initialisation after
+    queued states; restoring must still leave the checkpoint's state in place (the next draws are the saved ones)."""
+    from trainkit.engine.checkpoint.rng import capture_rng_state
+
+    torch.manual_seed(7)
+    torch.rand(3, device="cuda")  # moves the generator past the seed's start
+    state = capture_rng_state()
+    expected = torch.rand(5, device="cuda").tolist()
+    (tmp_path / "state.json").write_text(json.dumps([state, expected]))
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", RESTORE_BEFORE_CUDA_INIT, str(tmp_path / "state.json")],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "true", result.stdout
