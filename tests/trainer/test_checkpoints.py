@@ -323,3 +323,22 @@ def test_cuda_states_restored_before_cuda_is_initialised_are_kept(tmp_path):
                             capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "true", result.stdout
+
+
+def test_cuda_states_in_a_checkpoint_are_harmless_where_cuda_is_absent(monkeypatch, caplog):
+    """CPU (CUDA hidden): a checkpoint written on a GPU machine holds CUDA states; where CUDA is absent the CPU,
+    python and numpy streams are restored all the same and one line says the CUDA ones are not."""
+    import base64
+
+    from trainkit.engine.checkpoint.rng import capture_rng_state, restore_rng_state
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    torch.manual_seed(3)
+    state = capture_rng_state()
+    state["cuda"] = [base64.b64encode(bytes(16)).decode("ascii")]  # seed 0, offset 0: the layout torch writes
+    expected = (torch.rand(4), random.random(), np.random.rand())
+    torch.manual_seed(99)
+    with caplog.at_level(logging.INFO, logger="trainkit"):
+        restore_rng_state(state, torch.device("cpu"))
+    assert torch.equal(torch.rand(4), expected[0]) and (random.random(), np.random.rand()) == expected[1:]
+    assert "this run has no CUDA" in caplog.text
