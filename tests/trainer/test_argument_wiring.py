@@ -161,6 +161,30 @@ def test_activation_checkpointing_calls_only_what_the_installed_transformers_has
         torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, msg=name)
 
 
+class OlderCheckpointingModel(EchoModel):
+    """A custom model with the pre-5.16 method: no every_n_layers / offload."""
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        self.checkpointing_kwargs = gradient_checkpointing_kwargs
+
+
+def test_activation_checkpointing_falls_back_to_the_method_a_custom_model_has(tmp_path):
+    """CPU: a model with only gradient_checkpointing_enable() gets the torch.utils.checkpoint keywords; options its
+    method does not take are refused by name instead of reaching torch.utils.checkpoint."""
+    from trainkit.trainer.argument_fields import model_checkpointing_options
+    from trainkit.trainer.wiring import prepare_model_features
+
+    model = OlderCheckpointingModel()
+    args = _args(tmp_path, activation_checkpointing=True, activation_checkpointing_kwargs={"use_reentrant": False})
+    prepare_model_features(Trainer(model=model, args=args), model)
+    assert model.checkpointing_kwargs == {"use_reentrant": False}
+    if "every_n_layers" not in model_checkpointing_options():
+        return  # refused at construction already (test_argument_fields)
+    args = _args(tmp_path, activation_checkpointing=True, activation_checkpointing_kwargs={"every_n_layers": 2})
+    with pytest.raises(ValueError, match=r"\['every_n_layers'\].*OlderCheckpointingModel"):
+        prepare_model_features(Trainer(model=model, args=args), model)
+
+
 class OutOfMemoryAbove(nn.Module):
     """EchoModel that raises torch's out-of-memory error for batches larger than ``limit``."""
 

@@ -501,10 +501,11 @@ def _reject_unknown_keywords(init):
         unknown = [k for k in kwargs if k not in names]
         if unknown:
             key = unknown[0]
+            newer = unknown_field_hint(key)  # a field of a newer transformers than trainkit knows
             if key in RENAMED_ARGUMENTS:
                 hint = f" It is called {RENAMED_ARGUMENTS[key]} in transformers 5 and trainkit."
-            elif unknown_field_hint(key):
-                hint = unknown_field_hint(key) or ""
+            elif newer:
+                hint = newer
             else:
                 guess = did_you_mean(key, names)
                 hint = f" Did you mean {guess!r}?" if guess else ""
