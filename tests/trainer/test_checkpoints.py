@@ -62,11 +62,17 @@ def deterministic_cuda_kernels():
     saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
              torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    assert os.environ.get("CUBLAS_WORKSPACE_CONFIG") in (":4096:8", ":16:8"), "set before the process's first GEMM"
+    workspace = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    # Set at import (above); a test that ran since may have removed it, and torch checks it at every cuBLAS call.
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = workspace if workspace in (":4096:8", ":16:8") else ":4096:8"
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
+    if workspace is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = workspace
     torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
     (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
      torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) = saved[2:]
