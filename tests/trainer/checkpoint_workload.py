@@ -69,10 +69,11 @@ def workload_args(output_dir: str, **extra) -> TrainingArguments:
     return TrainingArguments(**settings)
 
 
-def make_trainer(output_dir: str, stop_after: int | None = None, compute_metrics=None, **extra) -> Trainer:
+def make_trainer(output_dir: str, stop_after: int | None = None, compute_metrics=None, model_init=DropoutRegressor,
+                 **extra) -> Trainer:
     """A fresh Trainer for the workload (the model initialised from the arguments' seed)."""
     callbacks = [StopAfter(stop_after)] if stop_after is not None else []
-    return Trainer(model_init=DropoutRegressor, args=workload_args(output_dir, **extra), train_dataset=RegressionData(),
+    return Trainer(model_init=model_init, args=workload_args(output_dir, **extra), train_dataset=RegressionData(),
                    eval_dataset=RegressionData(8, seed=99), callbacks=callbacks, compute_metrics=compute_metrics)
 
 

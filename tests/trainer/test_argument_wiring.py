@@ -124,7 +124,7 @@ def test_model_side_fields(tmp_path):
     args = _args(tmp_path, activation_checkpointing=True, neftune_noise_alpha=5.0, use_cache=False)
     trainer = Trainer(model=model, args=args, train_dataset=CausalTokens())
     trainer.train()
-    assert model.is_activation_checkpointing and model.config.use_cache is False
+    assert _checkpointing_is_on(model) and model.config.use_cache is False
     embeddings = model.get_input_embeddings()
     assert embeddings.neftune_noise_alpha == 5.0
     ids = torch.arange(8)[None]
@@ -132,6 +132,57 @@ def test_model_side_fields(tmp_path):
     assert not torch.equal(embeddings(ids), embeddings(ids))  # NEFTune noise while training
     model.eval()
     assert torch.equal(embeddings(ids), embeddings(ids))
+
+
+def _checkpointing_is_on(model) -> bool:
+    """Read through the property the installed transformers has (is_activation_checkpointing from 5.23)."""
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return model.is_activation_checkpointing
+    return model.is_gradient_checkpointing
+
+
+def test_activation_checkpointing_calls_only_what_the_installed_transformers_has(tmp_path):
+    """CPU: per-layer options reach the model's method where it takes them; the gradients are those without
+    checkpointing (recomputation changes memory, not results)."""
+    from trainkit.trainer.argument_fields import model_checkpointing_options
+    from trainkit.trainer.wiring import prepare_model_features
+
+    options = {"every_n_layers": 2} if "every_n_layers" in model_checkpointing_options() else {}
+    inputs = CausalTokens()[0]
+    inputs = {k: v[None] for k, v in inputs.items()}
+    plain, checkpointed = _tiny_gpt2(), _tiny_gpt2()
+    args = _args(tmp_path, activation_checkpointing=True, activation_checkpointing_kwargs=options or None)
+    prepare_model_features(Trainer(model=checkpointed, args=args, train_dataset=CausalTokens()), checkpointed)
+    assert _checkpointing_is_on(checkpointed) and not _checkpointing_is_on(plain)
+    for model in (plain, checkpointed):
+        model.train()
+        model(**inputs).loss.backward()
+    for (name, a), (_, b) in zip(plain.named_parameters(), checkpointed.named_parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0, msg=name)
+
+
+class OlderCheckpointingModel(EchoModel):
+    """A custom model with the pre-5.16 method: no every_n_layers / offload."""
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        self.checkpointing_kwargs = gradient_checkpointing_kwargs
+
+
+def test_activation_checkpointing_falls_back_to_the_method_a_custom_model_has(tmp_path):
+    """CPU: a model with only gradient_checkpointing_enable() gets the torch.utils.checkpoint keywords; options its
+    method does not take are refused by name instead of reaching torch.utils.checkpoint."""
+    from trainkit.trainer.argument_fields import model_checkpointing_options
+    from trainkit.trainer.wiring import prepare_model_features
+
+    model = OlderCheckpointingModel()
+    args = _args(tmp_path, activation_checkpointing=True, activation_checkpointing_kwargs={"use_reentrant": False})
+    prepare_model_features(Trainer(model=model, args=args), model)
+    assert model.checkpointing_kwargs == {"use_reentrant": False}
+    if "every_n_layers" not in model_checkpointing_options():
+        return  # refused at construction already (test_argument_fields)
+    args = _args(tmp_path, activation_checkpointing=True, activation_checkpointing_kwargs={"every_n_layers": 2})
+    with pytest.raises(ValueError, match=r"\['every_n_layers'\].*OlderCheckpointingModel"):
+        prepare_model_features(Trainer(model=model, args=args), model)
 
 
 class OutOfMemoryAbove(nn.Module):

@@ -15,6 +15,7 @@ from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
 from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
+from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +100,9 @@ class TrainingArguments(ProcessAttributes):
     bf16_full_eval: bool = field(default=False, metadata={"help": "Evaluate outside training with the model cast to bfloat16."})
     fp16_full_eval: bool = field(default=False, metadata={"help": "Evaluate outside training with the model cast to float16."})
     tf32: bool | None = field(default=None, metadata={"help": "TF32 matmuls on Ampere or newer NVIDIA GPUs (True needs one; False turns TF32 off)."})
-    activation_checkpointing: bool | None = field(default=None, metadata={"help": "Recompute activations in backward to save memory (transformers 5's name for gradient_checkpointing).", "nargs": "?", "const": True})
+    activation_checkpointing: bool | None = field(default=None, metadata={"help": "Recompute activations in backward to save memory (transformers 5.23's name for gradient_checkpointing; accepted with any transformers).", "nargs": "?", "const": True})
     activation_checkpointing_kwargs: dict | str | None = field(default=None, metadata={"help": "Arguments for activation checkpointing (every_n_layers, offload, or torch.utils.checkpoint keywords)."})
-    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Recompute activations in backward to save memory.", "nargs": "?", "const": True})
+    gradient_checkpointing: bool | None = field(default=None, metadata={"help": "Recompute activations in backward to save memory (the older name of activation_checkpointing; None = not set, resolved to False).", "nargs": "?", "const": True})
     gradient_checkpointing_kwargs: dict | str | None = field(default=None, metadata={"help": "Arguments for gradient_checkpointing_enable()."})
     torch_compile: bool = field(default=False, metadata={"help": "Compile the model with torch.compile."})
     torch_compile_backend: str | None = field(default=None, metadata={"help": "torch.compile backend; setting it enables torch_compile."})
@@ -209,6 +210,7 @@ class TrainingArguments(ProcessAttributes):
             self.output_dir = "trainer_output"
         self.output_dir = os.path.expanduser(str(self.output_dir))
         check_transformers_fields(self)  # the fields beyond the core ones: validated and normalised in one place
+        check_version_dependent_fields(self)  # values whose meaning needs a newer transformers than the installed one
         for name in ("lr_scheduler_kwargs", "gradient_checkpointing_kwargs", "fsdp_config"):
             value = getattr(self, name)
             if isinstance(value, str) and value.lstrip().startswith("{"):
@@ -499,8 +501,11 @@ def _reject_unknown_keywords(init):
         unknown = [k for k in kwargs if k not in names]
         if unknown:
             key = unknown[0]
+            newer = unknown_field_hint(key)  # a field of a newer transformers than trainkit knows
             if key in RENAMED_ARGUMENTS:
                 hint = f" It is called {RENAMED_ARGUMENTS[key]} in transformers 5 and trainkit."
+            elif newer:
+                hint = newer
             else:
                 guess = did_you_mean(key, names)
                 hint = f" Did you mean {guess!r}?" if guess else ""

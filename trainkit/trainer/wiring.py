@@ -9,6 +9,7 @@ NEFTune, Liger, ``debug``), ``label_smoothed_loss``, ``seed_run`` (``full_determ
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -113,15 +114,33 @@ def prepare_model_features(trainer: Any, model: nn.Module) -> None:
 
 
 def _enable_activation_checkpointing(model: nn.Module, kwargs: dict[str, Any]) -> None:
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5: every_n_layers / offload are its own
-        every_n_layers, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
-                                              every_n_layers=every_n_layers, offload=offload)
+    """Call the checkpointing method the model has: transformers >= 5.23's ``activation_checkpointing_enable``, else
+    ``gradient_checkpointing_enable`` (older releases and custom models), passing ``every_n_layers`` / ``offload``
+    only to a method that takes them."""
+    from .argument_fields import CHECKPOINTING_LAYER_OPTIONS, requested_layer_options
+
+    layer_options = requested_layer_options(kwargs)
+    checkpoint_kwargs = {key: value for key, value in kwargs.items() if key not in CHECKPOINTING_LAYER_OPTIONS}
+    if hasattr(model, "activation_checkpointing_enable"):
+        method, kwargs_name = model.activation_checkpointing_enable, "activation_checkpointing_kwargs"
     elif hasattr(model, "gradient_checkpointing_enable"):
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
+        method, kwargs_name = model.gradient_checkpointing_enable, "gradient_checkpointing_kwargs"
     else:
         raise ValueError(f"activation_checkpointing=True, but {type(model).__name__} has no "
                          "activation_checkpointing_enable() or gradient_checkpointing_enable().")
+    parameters = inspect.signature(method).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    lacking = [] if takes_any else sorted(set(layer_options) - set(parameters))
+    if lacking:
+        raise ValueError(f"activation_checkpointing_kwargs {lacking} need a model whose {method.__name__}() takes "
+                         f"them; {type(model).__name__}'s does not (transformers models take them since 5.16).")
+    call = dict(layer_options)
+    if takes_any or kwargs_name in parameters:
+        call[kwargs_name] = checkpoint_kwargs or None
+    elif checkpoint_kwargs:
+        raise ValueError(f"activation_checkpointing_kwargs {sorted(checkpoint_kwargs)}: {type(model).__name__}."
+                         f"{method.__name__}() takes no {kwargs_name}.")
+    method(**call)
 
 
 def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any]) -> tuple[torch.Tensor, Any]:

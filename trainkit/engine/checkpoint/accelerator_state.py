@@ -217,7 +217,7 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     accelerator.step = int(info.get("step", 0))
     if accelerator.project_configuration.automatic_checkpoint_naming:
         accelerator.project_configuration.iteration = int(info.get("iteration", 0)) + 1
-    restore_rng_state(rng)  # last: nothing after it may draw random numbers
+    restore_rng_state(rng, accelerator.device)  # last: nothing after it may draw random numbers
     if accelerator.is_main_process:
         logger.info("Loaded checkpoint %s", directory)
     return directory
