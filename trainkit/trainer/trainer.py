@@ -23,29 +23,12 @@ from trainkit.engine.accumulation import accumulation_windows
 
 from . import checkpoints, hub, preemption, resume, wiring
 from .arguments import TrainingArguments
-from .callbacks import (
-    CallbackHandler,
-    DefaultFlowCallback,
-    PrinterCallback,
-    ProgressCallback,
-    TrackerCallback,
-    TrainerControl,
-    TrainerState,
-)
+from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
+                        TrainerControl, TrainerState)
 from .checkpoint_manager import CheckpointManager
-from .data import (
-    ItemCounter,
-    accepted_columns,
-    call_model,
-    collator_dropping_unknown_columns,
-    default_collator,
-    default_label_names,
-    loss_from_outputs,
-    remove_unused_columns,
-    samples_in,
-    split_loss,
-    tokens_in,
-)
+from .construction_checks import check_trainer_inputs
+from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_unknown_columns, default_collator,
+                   default_label_names, loss_from_outputs, remove_unused_columns, samples_in, split_loss, tokens_in)
 from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
 from .meter import TrainingMeter, current_learning_rate, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import optimizer_from_config, scheduler_from_config
@@ -85,6 +68,9 @@ class Trainer:
                  optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None,
                  preprocess_logits_for_metrics: Callable | None = None) -> None:
         self.args = args if args is not None else TrainingArguments()
+        # Datasets and functions against the strategies: fail now, before a model is built, not after an epoch.
+        check_trainer_inputs(type(self), self.args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                             compute_metrics=compute_metrics, data_collator=data_collator)
         wiring.seed_run(self.args)  # before model_init, so its initial weights are reproducible
         self._deepspeed: Any = None  # the translated TrainingArguments(deepspeed=...), when given
         self.is_in_train = False
@@ -508,7 +494,15 @@ class Trainer:
         self._memory_tracker.stop_and_update_metrics(metrics)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
+        if not self.is_in_train:
+            self._close_trackers()
         return metrics
+
+    def _close_trackers(self) -> None:
+        """After an evaluate() outside train(): its log restarted the trackers; close them (no file left open)."""
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, TrackerCallback) and callback.started:
+                callback.on_train_end(self.args, self.state, self.control)
 
     def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
                 metric_key_prefix: str = "test") -> PredictionOutput:
