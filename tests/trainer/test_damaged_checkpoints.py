@@ -147,3 +147,25 @@ def test_accelerator_automatic_naming_resumes_past_a_damaged_checkpoint_and_save
     verify_checkpoint(str(tmp_path / "checkpoints" / "checkpoint_1"))
     assert len(damaged_folders(str(tmp_path / "checkpoints"))) == 1
     del model
+
+
+def test_an_explicit_save_state_folder_damaged_since_is_set_aside_and_foreign_folders_refused(tmp_path):
+    """Accelerate's habit save_state("ckpt") every epoch (CPU): a damaged previous save no longer blocks it."""
+    from torch import nn
+
+    from trainkit import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(nn.Linear(3, 2))
+    folder = str(tmp_path / "ckpt")
+    accelerator.save_state(folder)
+    truncate(folder)
+    accelerator.save_state(folder)
+    verify_checkpoint(folder)
+    assert len(damaged_folders(str(tmp_path))) == 1
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("not a checkpoint")
+    with pytest.raises(Exception, match="not a complete checkpoint that could be replaced"):
+        accelerator.save_state(str(foreign))
+    assert (foreign / "notes.txt").read_text() == "not a checkpoint"

@@ -57,10 +57,54 @@ def check_transformers_fields(args: Any) -> None:
         if args.torch_empty_cache_steps < 1:
             raise ConfigError(f"torch_empty_cache_steps={args.torch_empty_cache_steps!r} in {WHERE} must be >= 1 or None.")
         if args.use_cpu or not _has_accelerator():
-            logger.warning("torch_empty_cache_steps: training runs on CPU, which has no device cache to empty; nothing to do.")
+            warn_once("torch_empty_cache_steps: training runs on CPU, which has no device cache to empty; nothing to do.")
     if args.project != "huggingface":
-        logger.warning("project=%r is read by the Trackio tracker only, which trainkit does not drive; "
-                       "trackers name the run after run_name.", args.project)
+        warn_once(f"project={args.project!r} is read by the Trackio tracker only, which trainkit does not drive; "
+                  "trackers name the run after run_name.")
+    for line in fields_without_effect(args):
+        warn_once(line)
+
+
+HUB_FIELDS_DEFAULTS = {"hub_model_id": None, "hub_strategy": "every_save", "hub_token": None,
+                       "hub_private_repo": None, "hub_always_push": False, "hub_revision": None}
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Log ``message`` as a warning the first time this process sees it (arguments are often built twice)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)
+
+
+def fields_without_effect(args: Any) -> list[str]:
+    """One line per field set to a value that changes nothing in this run, naming the field and why."""
+    lines = []
+    if args.hub_always_push and args.push_to_hub:
+        lines.append(f"hub_always_push=True in {WHERE} has no effect: trainkit uploads synchronously at each save, "
+                     "so no push is ever skipped (every push already happens).")
+    hub_set = [name for name, default in HUB_FIELDS_DEFAULTS.items() if getattr(args, name) != default]
+    if hub_set and not args.push_to_hub:
+        one = len(hub_set) == 1
+        lines.append(f"{', '.join(hub_set)} in {WHERE} {'has' if one else 'have'} no effect: "
+                     f"{'it is' if one else 'they are'} read only with push_to_hub=True.")
+    if args.save_strategy == "no":
+        checkpoint_set = [name for name, default in (("save_total_limit", None), ("save_only_model", False))
+                          if getattr(args, name) != default]
+        if checkpoint_set:
+            lines.append(f"{', '.join(checkpoint_set)} in {WHERE} {'has' if len(checkpoint_set) == 1 else 'have'} "
+                         "no effect: save_strategy='no' writes no checkpoints.")
+    if args.activation_checkpointing_kwargs and not args.activation_checkpointing:
+        lines.append(f"activation_checkpointing_kwargs (gradient_checkpointing_kwargs) in {WHERE} has no effect: "
+                     "activation_checkpointing is off.")
+    if args.length_column_name != "length" and args.train_sampling_strategy != "group_by_length":
+        lines.append(f"length_column_name={args.length_column_name!r} in {WHERE} has no effect: it is read only "
+                     "with train_sampling_strategy='group_by_length'.")
+    launcher_rank = os.environ.get("LOCAL_RANK")
+    if args.local_rank != -1 and str(args.local_rank) != launcher_rank:
+        lines.append(f"local_rank={args.local_rank} in {WHERE} has no effect: the rank comes from the launcher's "
+                     f"environment (LOCAL_RANK={launcher_rank if launcher_rank is not None else 'unset'}).")
+    return lines
 
 
 _SCALAR_TYPES = (bool, int, float, type(None))
@@ -120,8 +164,11 @@ def check_field_types(args: Any) -> None:
 @functools.lru_cache(maxsize=None)
 def _declared_types(cls: type) -> dict[str, Any]:
     """The fields' annotations as the class declares them (HfArgumentParser rewrites ``Field.type`` in place:
-    ``float | None`` becomes ``float``)."""
-    return typing.get_type_hints(cls)
+    ``float | None`` becomes ``float``). A subclass whose annotations cannot be resolved is not checked."""
+    try:
+        return typing.get_type_hints(cls)
+    except (NameError, TypeError):
+        return {}
 
 
 def _parse_number_or_bool(text: str) -> Any:

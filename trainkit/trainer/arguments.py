@@ -76,7 +76,7 @@ class TrainingArguments(ProcessAttributes):
     num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs to train (fractions allowed)."})
     max_steps: int = field(default=-1, metadata={"help": "If > 0: total optimizer steps, overriding num_train_epochs. Required for datasets without len()."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step; the loss is normalised over the whole window."})
-    average_tokens_across_devices: bool = field(default=True, metadata={"help": "Normalise the loss by the item count of all processes (always done by trainkit; kept for compatibility)."})
+    average_tokens_across_devices: bool = field(default=True, metadata={"help": "Normalise the loss by the item count of all processes (False: each process by its own, then the processes' losses are averaged)."})
     auto_find_batch_size: bool = field(default=False, metadata={"help": "On an out-of-memory error, halve the training batch size and start training again."})
 
     # --- optimizer and schedule ---

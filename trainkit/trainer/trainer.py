@@ -345,9 +345,11 @@ class Trainer:
         num_items = sum(self._count_items(inputs) for inputs in window)
         fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
         # Every rank's batches have one size: the sample count is the same everywhere, no collective needed.
+        # average_tokens_across_devices=False (transformers' meaning): each process normalises by its own items,
+        # so the gradient is the mean of the processes' mean losses; taken as local items x processes, unsummed.
+        same_everywhere = isinstance(num_items, int) and fixed_batches and accelerator.even_batches
         num_items = accelerator.open_accumulation_window(
-            len(window), num_items,
-            same_items_on_every_process=isinstance(num_items, int) and fixed_batches and accelerator.even_batches)
+            len(window), num_items, same_items_on_every_process=same_everywhere or not self.args.average_tokens_across_devices)
         token_mode = self.args.include_num_input_tokens_seen
         window_loss = None
         for index, inputs in enumerate(window):

@@ -102,18 +102,21 @@ def begin_checkpoint(final_dir: str, replace: bool = False, set_aside_damaged: b
     With ``set_aside_damaged`` (folders whose name the caller owns: the Trainer's ``checkpoint-N``, the
     Accelerator's automatic ``checkpoint_N``), an existing folder that does not verify (incomplete,
     truncated or failing its checksums) is renamed to ``{final_dir}.damaged-{UTC time}`` and kept, with one
-    warning: a run that resumed from an older checkpoint can then save over it. The leftover of an earlier
-    interrupted write of the same checkpoint is removed.
+    warning: a run that resumed from an older checkpoint can then save over it. With ``replace`` alone, a
+    folder with a manifest whose files no longer match it (a trainkit checkpoint damaged since) is set aside
+    the same way, so an explicit ``save_state("ckpt")`` repeated every epoch keeps working. The leftover of
+    an earlier interrupted write of the same checkpoint is removed.
     """
     final_dir = os.path.normpath(os.fspath(final_dir))
     staging = staging_path(final_dir)
     existing = decide_on_rank0(f"inspect {final_dir}", lambda: _inspect_existing(final_dir))
-    damaged = existing == "incomplete"
+    damaged = existing in ("incomplete", "damaged")
+    set_aside = set_aside_damaged or (replace and existing == "damaged")
     if existing == "complete" and set_aside_damaged:
         damaged = not _verifies(final_dir)  # collective: the checksums split across ranks
 
     def create() -> str:
-        if existing != "absent" and damaged and set_aside_damaged:
+        if existing != "absent" and damaged and set_aside:
             set_aside_damaged_folder(final_dir)
         elif existing != "absent" and not (replace and existing == "complete"):
             raise FileExistsError(f"{final_dir} already exists; a checkpoint is never written into an existing folder"
@@ -130,14 +133,17 @@ def begin_checkpoint(final_dir: str, replace: bool = False, set_aside_damaged: b
 
 def _inspect_existing(final_dir: str) -> str:
     """Rank 0: "absent" (an empty folder is removed: it holds nothing), "complete" (manifest and sizes match),
-    "incomplete" (a folder that is not a complete checkpoint) or "other" (not a folder)."""
+    "damaged" (a manifest the files no longer match), "incomplete" (a folder without a manifest) or "other"
+    (not a folder)."""
     if os.path.isdir(final_dir) and not os.listdir(final_dir):
         os.rmdir(final_dir)  # an empty folder made beforehand (a habit from non-atomic savers) holds nothing
     if not os.path.exists(final_dir):
         return "absent"
     if not os.path.isdir(final_dir):
         return "other"
-    return "complete" if is_complete(final_dir) else "incomplete"
+    if is_complete(final_dir):
+        return "complete"
+    return "damaged" if os.path.isfile(os.path.join(final_dir, MANIFEST_NAME)) else "incomplete"
 
 
 def _verifies(folder: str) -> bool:
