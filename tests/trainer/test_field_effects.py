@@ -537,3 +537,53 @@ def test_fields_that_change_nothing_here_say_so_once(tmp_path, caplog):
     assert text.count("length_column_name='n' in TrainingArguments has no effect") == 1
     TrainingArguments(str(tmp_path), push_to_hub=True, hub_always_push=True)
     assert "hub_always_push=True in TrainingArguments has no effect: trainkit uploads synchronously" in caplog.text
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(num_train_epochs="3"), r"num_train_epochs='3' in TrainingArguments must be a number, not str\. Pass num_train_epochs=3"),
+    (dict(learning_rate="abc"), r"learning_rate='abc' in TrainingArguments must be a number, not str\.$"),
+    (dict(learning_rate="1e-3"), r"Pass learning_rate=0\.001.*YAML 1\.1"),
+    (dict(fp16="False"), r"fp16='False' in TrainingArguments must be True/False"),
+    (dict(max_steps="5"), r"max_steps='5' .* must be an integer"),
+    (dict(lr_scheduler_kwargs="cycles=2"), r"lr_scheduler_kwargs='cycles=2' .* must be a dict or a JSON object"),
+])
+def test_values_of_the_wrong_type_fail_at_construction_naming_the_field(tmp_path, kwargs, message):
+    """transformers keeps these strings and its Trainer later stops on a bare TypeError; here they fail at once."""
+    with pytest.raises(ValueError, match=message):
+        TrainingArguments(str(tmp_path), **kwargs)
+
+
+def test_an_output_dir_that_is_a_file_is_named_once(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for output_dir, expected in ((afile, "is an existing file"), (afile / "sub", "is inside")):
+        with pytest.raises(ValueError, match="output_dir") as caught:
+            TrainingArguments(str(output_dir))
+        assert expected in str(caught.value) and "afile/afile" not in str(caught.value)
+
+
+def test_the_trainer_refuses_at_construction_what_would_fail_after_an_epoch(tmp_path):
+    """Checked before the model is built (model_init is never called)."""
+    from trainkit import Trainer
+
+    def model_init():
+        raise AssertionError("the model must not be built")
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield from RegressionData(4)
+
+    cases = [
+        (dict(eval_strategy="epoch"), {}, "eval_strategy='epoch' evaluates during training, but the Trainer got no eval_dataset"),
+        (dict(eval_on_start=True), {}, "eval_on_start=True evaluates"),
+        (dict(eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=True), {},
+         "with load_best_model_at_end=True"),
+        (dict(eval_strategy="epoch", metric_for_best_model="accuracy"), dict(eval_dataset=RegressionData(4)),
+         "metric_for_best_model='accuracy' needs a compute_metrics"),
+        (dict(batch_eval_metrics=True), dict(compute_metrics=lambda prediction: {}), "takes no compute_result"),
+        ({}, dict(train_dataset=Stream()), "has no length"),
+    ]
+    for arguments, trainer_kwargs, message in cases:
+        args = TrainingArguments(str(tmp_path), report_to="none", **arguments)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Trainer(model_init=model_init, args=args, **trainer_kwargs)

@@ -40,6 +40,10 @@ def check_transformers_fields(args: Any) -> None:
     before them, the type of every number and boolean field and the output folder."""
     check_field_types(args)
     check_output_dir(args.output_dir)
+    value = args.lr_scheduler_kwargs
+    if not (value is None or isinstance(value, dict) or (isinstance(value, str) and value.lstrip().startswith("{"))):
+        raise ConfigError(f"lr_scheduler_kwargs={value!r} in {WHERE} must be a dict or a JSON object string "
+                          "(e.g. '{\"num_cycles\": 2}').")
     _merge_checkpointing_alias(args)
     _check_unavailable_features(args)
     _check_distributed(args)
