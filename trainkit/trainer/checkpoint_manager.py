@@ -31,6 +31,7 @@ class CheckpointManager:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self._resumed_from: str | None = None
+        self._verified: str | None = None  # a folder the automatic choice has just checksummed
 
     @property
     def resumed_from(self) -> str | None:
@@ -62,20 +63,25 @@ class CheckpointManager:
         output_dir = self.trainer.args.output_dir
         if requested is True:
             try:
-                return find_resume_folder(True, output_dir, conventions=[TRAINER_CONVENTION])
+                self._verified = find_resume_folder(True, output_dir, conventions=[TRAINER_CONVENTION])
             except FileNotFoundError:
                 raise ValueError(f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint.") from None
+            return self._verified
         reason = None
         if requested is None and decide_on_rank0("look for a preemption marker",
                                                  lambda: preemption.was_preempted(output_dir)):
             reason = f"The previous run in {output_dir} was stopped by a preemption signal"
-        return find_resume_folder(requested, output_dir, conventions=[TRAINER_CONVENTION], automatic_reason=reason)
+        folder = find_resume_folder(requested, output_dir, conventions=[TRAINER_CONVENTION], automatic_reason=reason)
+        self._verified = folder if requested is None else None  # chosen automatically: checksummed already
+        return folder
 
     def resume(self, folder: str, train_dataloader: Any, steps_per_epoch: int | None) -> resume.ResumePoint:
         """Collective: load ``folder`` (weights, optimizer, schedule, RNG, data position, trainer state); return
         where the loop picks up."""
         try:
-            point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch)
+            # A folder the automatic choice just checksummed is loaded with size checks only (hashed once).
+            point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch,
+                                           verify_checksums=folder != self._verified)
         except (CorruptedCheckpointError, IncompleteCheckpointError) as error:
             # Raised on every rank before anything was loaded. A script that passes transformers'
             # get_last_checkpoint() names the newest folder by number, sound or not.

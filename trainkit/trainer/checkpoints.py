@@ -154,13 +154,13 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
 
 
 # -- loading weights ------------------------------------------------------------------------------
-def load_model_weights(trainer: Trainer, folder: str) -> None:
+def load_model_weights(trainer: Trainer, folder: str, checksums: bool = True) -> None:
     """Collective: verify ``folder`` and load its model weights (full or sharded) into the prepared model.
 
     Keys are checked before anything is copied: a checkpoint of another model names its missing,
     unexpected and mis-shaped keys and leaves the model untouched.
     """
-    verify_checkpoint(folder)
+    verify_checkpoint(folder, checksums=checksums)
     model_state.prepare_model_load(trainer.accelerator.strategy, prepared_model(trainer), folder, 0).apply()
 
 

@@ -186,7 +186,8 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     directory = _resolve_input_dir(accelerator, input_dir)
     if directory is None:
         return None
-    verify_checkpoint(directory, checksums=verify_checksums)
+    # Found automatically (no input_dir): the finder has just checksummed it; sizes are checked again here.
+    verify_checkpoint(directory, checksums=verify_checksums and input_dir is not None)
     info = state_io.read_json(os.path.join(directory, STATE_FILE))
     if info.get("format") != STATE_FORMAT:
         raise CheckpointMismatchError(f"format ({info.get('format')!r}, expected {STATE_FORMAT!r})", [], [], [])
