@@ -4,6 +4,7 @@ import json
 import sys
 import time
 
+import datasets  # a core dependency of trainkit: a broken install must fail here, not skip
 import numpy as np
 import pytest
 
@@ -11,8 +12,6 @@ import synthetic_digits
 import synthetic_reviews
 from common.metrics import LOCAL_METRICS_DIR, load_metric
 from common.plotting import plot_history
-
-datasets = pytest.importorskip("datasets")
 
 
 # --- digits -----------------------------------------------------------------------------------

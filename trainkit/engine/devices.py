@@ -11,6 +11,10 @@ import torch
 
 from trainkit.config.errors import ConfigError
 
+DEVICE_TYPES = ("cpu", "cuda")
+"""The device types the engine computes on (``Accelerator(cpu=True)`` / ``use_cpu=True`` pick the first).
+The Trainer reads this list too, so the two cannot disagree about where a setting can run."""
+
 
 def check_processes_fit_gpus(processes_per_machine: int, gpu_count: int, *, where: str) -> None:
     """Raise when a machine runs more processes than it has (visible) GPUs; say how to get out of it."""

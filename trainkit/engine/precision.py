@@ -15,11 +15,25 @@ from typing import Any
 
 import torch
 
+from trainkit.config.errors import ConfigError
 from trainkit.config.values import MIXED_PRECISIONS, parse_mixed_precision
+from trainkit.engine.devices import DEVICE_TYPES
 from trainkit.engine.nested import map_tensors
 
 PRECISIONS = MIXED_PRECISIONS  # one vocabulary: trainkit.config.values
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+PRECISION_DEVICES: dict[str, tuple[str, ...]] = {"no": DEVICE_TYPES, "bf16": DEVICE_TYPES, "fp16": DEVICE_TYPES}
+"""The device types each precision runs on: all of them (fp16 on CPU autocasts to float16 and scales the loss
+with a CPU GradScaler). ``Accelerator(mixed_precision=)`` and ``TrainingArguments(fp16=, bf16=, use_cpu=)`` are
+both checked against this table (:func:`check_precision_device`)."""
+
+
+def check_precision_device(mode: str, device_type: str, *, where: str) -> None:
+    """Raise when precision ``mode`` does not run on ``device_type`` (per :data:`PRECISION_DEVICES`)."""
+    runs_on = PRECISION_DEVICES.get(mode, ())
+    if device_type not in runs_on:
+        raise ConfigError(f"{where}: mixed precision {mode!r} does not run on {device_type}; it runs on "
+                          f"{', '.join(runs_on) or 'no device'}.")
 
 
 class Precision:
@@ -29,6 +43,7 @@ class Precision:
                  scaler_class: type[torch.amp.GradScaler] | None = None) -> None:
         """``scaler_class``: the fp16 loss scaler's class, chosen by the strategy (FSDP: ``ShardedGradScaler``)."""
         self.mode = parse_mixed_precision(mode, where="Accelerator(mixed_precision=...)")
+        check_precision_device(self.mode, device.type, where="Accelerator(mixed_precision=...)")
         self.device = device
         self.dtype: torch.dtype | None = _DTYPES.get(self.mode)
         self.scaler_kwargs: dict[str, Any] = dict(scaler_kwargs or {})

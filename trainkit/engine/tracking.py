@@ -49,7 +49,12 @@ def _jsonable(value: Any) -> Any:
 
 
 class JSONLTracker(GeneralTracker):
-    """One JSON object per ``log`` call in ``<logging_dir>/<run_name>/metrics.jsonl`` (flushed each line)."""
+    """One JSON object per ``log`` call appended to ``<logging_dir>/<run_name>/metrics.jsonl``.
+
+    The file is opened for each record and closed at once: no handle outlives a call, so a Trainer that
+    evaluates after ``train()`` ended (the trackers restart for that log) leaves nothing open, and every
+    line is on disk as soon as ``log`` returns.
+    """
 
     name = "jsonl"
 
@@ -57,7 +62,6 @@ class JSONLTracker(GeneralTracker):
         self.directory = os.path.join(logging_dir, run_name)
         os.makedirs(self.directory, exist_ok=True)
         self.path = os.path.join(self.directory, "metrics.jsonl")
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in finish()
 
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
         with open(os.path.join(self.directory, "config.json"), "w", encoding="utf-8") as handle:
@@ -65,11 +69,11 @@ class JSONLTracker(GeneralTracker):
 
     def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
         record = {"step": step, "time": round(time.time(), 3), **_jsonable(dict(values))}
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
 
     def finish(self) -> None:
-        self._file.close()
+        """Nothing to close: every record was written and closed by :meth:`log`."""
 
 
 class TensorBoardTracker(GeneralTracker):
@@ -196,6 +200,11 @@ _OPTIONAL = {
 }
 
 
+TRACKER_NAMES: tuple[str, ...] = ("jsonl", *_OPTIONAL)
+"""Every tracker name the engine knows (``log_with=`` / ``report_to=``; "all" adds the installed optional ones).
+``TrainingArguments(report_to=...)`` accepts exactly these, so the Trainer and the engine cannot disagree."""
+
+
 def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTracker] | None) -> list[str | GeneralTracker]:
     """Validate ``log_with`` and expand "all" into the installed trackers."""
     if log_with is None:
@@ -206,7 +215,7 @@ def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTrac
         if isinstance(item, GeneralTracker):
             resolved.append(item)
             continue
-        name = check_choice("log_with", str(item), ["all", "jsonl", *_OPTIONAL], where="Accelerator(log_with=...)")
+        name = check_choice("log_with", str(item), ["all", *TRACKER_NAMES], where="Accelerator(log_with=...)")
         if name == "all":
             resolved.extend(n for n, (_, available) in _OPTIONAL.items() if available())
         elif name in _OPTIONAL and not _OPTIONAL[name][1]():

@@ -8,10 +8,15 @@ needs. ``ProcessAttributes`` gives TrainingArguments the process facts scripts r
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib.util
 import json
 import logging
+import numbers
 import os
+import types
+import typing
 from datetime import timedelta
 from typing import Any
 
@@ -31,12 +36,20 @@ OTHER_ACCELERATOR_KEYS = ("gradient_accumulation_kwargs", "use_configured_state"
 
 
 def check_transformers_fields(args: Any) -> None:
-    """Validate and normalise the fields beyond the core ones (called first by ``TrainingArguments.__post_init__``)."""
+    """Validate and normalise the fields beyond the core ones (called first by ``TrainingArguments.__post_init__``);
+    before them, the type of every number and boolean field and the output folder."""
+    check_field_types(args)
+    check_output_dir(args.output_dir)
+    value = args.lr_scheduler_kwargs
+    if not (value is None or isinstance(value, dict) or (isinstance(value, str) and value.lstrip().startswith("{"))):
+        raise ConfigError(f"lr_scheduler_kwargs={value!r} in {WHERE} must be a dict or a JSON object string "
+                          "(e.g. '{\"num_cycles\": 2}').")
     _merge_checkpointing_alias(args)
     _check_unavailable_features(args)
     _check_distributed(args)
     _check_data_loading(args)
     _check_evaluation(args)
+    _check_precision_device(args)
     _apply_tf32(args.tf32, args.use_cpu)
     args.accelerator_config = _load_accelerator_config(args.accelerator_config)
     args.debug = _parse_debug(args.debug)
@@ -48,10 +61,141 @@ def check_transformers_fields(args: Any) -> None:
         if args.torch_empty_cache_steps < 1:
             raise ConfigError(f"torch_empty_cache_steps={args.torch_empty_cache_steps!r} in {WHERE} must be >= 1 or None.")
         if args.use_cpu or not _has_accelerator():
-            logger.warning("torch_empty_cache_steps: training runs on CPU, which has no device cache to empty; nothing to do.")
+            warn_once("torch_empty_cache_steps: training runs on CPU, which has no device cache to empty; nothing to do.")
     if args.project != "huggingface":
-        logger.warning("project=%r is read by the Trackio tracker only, which trainkit does not drive; "
-                       "trackers name the run after run_name.", args.project)
+        warn_once(f"project={args.project!r} is read by the Trackio tracker only, which trainkit does not drive; "
+                  "trackers name the run after run_name.")
+    for line in fields_without_effect(args):
+        warn_once(line)
+
+
+HUB_FIELDS_DEFAULTS = {"hub_model_id": None, "hub_strategy": "every_save", "hub_token": None,
+                       "hub_private_repo": None, "hub_always_push": False, "hub_revision": None}
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Log ``message`` as a warning the first time this process sees it (arguments are often built twice)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        logger.warning(message)
+
+
+def fields_without_effect(args: Any) -> list[str]:
+    """One line per field set to a value that changes nothing in this run, naming the field and why."""
+    lines = []
+    if args.hub_always_push and args.push_to_hub:
+        lines.append(f"hub_always_push=True in {WHERE} has no effect: trainkit uploads synchronously at each save, "
+                     "so no push is ever skipped (every push already happens).")
+    hub_set = [name for name, default in HUB_FIELDS_DEFAULTS.items() if getattr(args, name) != default]
+    if hub_set and not args.push_to_hub:
+        one = len(hub_set) == 1
+        lines.append(f"{', '.join(hub_set)} in {WHERE} {'has' if one else 'have'} no effect: "
+                     f"{'it is' if one else 'they are'} read only with push_to_hub=True.")
+    if args.save_strategy == "no":
+        checkpoint_set = [name for name, default in (("save_total_limit", None), ("save_only_model", False))
+                          if getattr(args, name) != default]
+        if checkpoint_set:
+            lines.append(f"{', '.join(checkpoint_set)} in {WHERE} {'has' if len(checkpoint_set) == 1 else 'have'} "
+                         "no effect: save_strategy='no' writes no checkpoints.")
+    if args.activation_checkpointing_kwargs and not args.activation_checkpointing:
+        lines.append(f"activation_checkpointing_kwargs (gradient_checkpointing_kwargs) in {WHERE} has no effect: "
+                     "activation_checkpointing is off.")
+    if args.length_column_name != "length" and args.train_sampling_strategy != "group_by_length":
+        lines.append(f"length_column_name={args.length_column_name!r} in {WHERE} has no effect: it is read only "
+                     "with train_sampling_strategy='group_by_length'.")
+    launcher_rank = os.environ.get("LOCAL_RANK")
+    if args.local_rank != -1 and str(args.local_rank) != launcher_rank:
+        lines.append(f"local_rank={args.local_rank} in {WHERE} has no effect: the rank comes from the launcher's "
+                     f"environment (LOCAL_RANK={launcher_rank if launcher_rank is not None else 'unset'}).")
+    return lines
+
+
+_SCALAR_TYPES = (bool, int, float, type(None))
+
+
+def _scalar_annotation(annotation: Any) -> tuple[type, ...] | None:
+    """The types a number/boolean field allows (``float``, ``int | None``, ...); None for any other field."""
+    if isinstance(annotation, type):
+        members: tuple[Any, ...] = (annotation,)
+    elif isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        members = typing.get_args(annotation)
+    else:
+        return None
+    if not all(member in _SCALAR_TYPES for member in members) or members == (type(None),):
+        return None
+    return members
+
+
+def _fits(value: Any, allowed: tuple[type, ...]) -> bool:
+    if value is None:
+        return type(None) in allowed
+    if isinstance(value, bool) or type(value).__name__ == "bool_":  # numpy's bool too
+        return bool in allowed
+    if isinstance(value, numbers.Integral):
+        return int in allowed or float in allowed
+    if isinstance(value, numbers.Real):
+        return float in allowed or int in allowed  # a float for an int field: the field's own check says if it is whole
+    return False
+
+
+def check_field_types(args: Any) -> None:
+    """Every number and boolean field holds a number / a boolean, or fails now naming the field.
+
+    transformers' TrainingArguments keeps a string such as ``num_train_epochs="3"`` or ``learning_rate="1e-3"``
+    as it is (only HfArgumentParser converts command-line strings), and its Trainer then stops with a bare
+    TypeError; a string in a boolean field is worse, as ``fp16="False"`` is true. Nothing is guessed here:
+    the message shows the value to pass instead.
+    """
+    annotations = _declared_types(type(args))
+    for field_ in dataclasses.fields(args):
+        allowed = _scalar_annotation(annotations.get(field_.name))
+        value = getattr(args, field_.name)
+        if allowed is None or _fits(value, allowed):
+            continue
+        wanted = " or ".join({bool: "True/False", int: "an integer", float: "a number", type(None): "None"}[t]
+                             for t in allowed)
+        hint = ""
+        if isinstance(value, str):
+            parsed = _parse_number_or_bool(value)
+            if parsed is not None and _fits(parsed, allowed):
+                hint = f" Pass {field_.name}={parsed!r}: strings are converted only on the command line (HfArgumentParser)."
+                if isinstance(parsed, float) and "e" in value.lower() and "." not in value:
+                    hint += f" (A YAML 1.1 loader reads {value} as a string; write it with a dot, e.g. 1.0e-3.)"
+        raise ConfigError(f"{field_.name}={value!r} in {WHERE} must be {wanted}, not {type(value).__name__}.{hint}")
+
+
+@functools.lru_cache(maxsize=None)
+def _declared_types(cls: type) -> dict[str, Any]:
+    """The fields' annotations as the class declares them (HfArgumentParser rewrites ``Field.type`` in place:
+    ``float | None`` becomes ``float``). A subclass whose annotations cannot be resolved is not checked."""
+    try:
+        return typing.get_type_hints(cls)
+    except (NameError, TypeError):
+        return {}
+
+
+def _parse_number_or_bool(text: str) -> Any:
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for convert in (int, float):
+        try:
+            return convert(text)
+        except ValueError:
+            pass
+    return None
+
+
+def check_output_dir(output_dir: str) -> None:
+    """``output_dir`` (or the nearest part of it that exists) must be a folder: a file there fails now."""
+    path = os.path.abspath(output_dir)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        where = "is" if path == os.path.abspath(output_dir) else f"is inside {path!r}, which is"
+        raise ConfigError(f"output_dir={output_dir!r} in {WHERE} {where} an existing file, not a folder: checkpoints, "
+                          "logs and the model are written into a folder there. Choose another output_dir.")
 
 
 def _merge_checkpointing_alias(args: Any) -> None:
@@ -146,6 +290,17 @@ def _check_evaluation(args: Any) -> None:
     if args.batch_eval_metrics and not args.eval_do_concat_batches:
         raise ConfigError(f"{WHERE}: batch_eval_metrics=True computes metrics batch by batch, so nothing is "
                           "concatenated; leave eval_do_concat_batches at True.")
+
+
+def _check_precision_device(args: Any) -> None:
+    """fp16/bf16 against the device, by the engine's own table (fp16 and bf16 both run on CPU)."""
+    if args.fp16 and args.bf16:
+        return  # the contradiction is named by TrainingArguments itself
+    from trainkit.engine.precision import check_precision_device
+
+    mode = "fp16" if args.fp16 else "bf16" if args.bf16 else "no"
+    if args.use_cpu:
+        check_precision_device(mode, "cpu", where=WHERE)
 
 
 def _apply_tf32(tf32: bool | None, use_cpu: bool) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
+from trainkit.engine.tracking import TRACKER_NAMES
 from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
 from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
 
@@ -26,8 +27,8 @@ SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 # The optimizers trainkit builds itself (see optim.py); other transformers names are rejected by name.
 SUPPORTED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "sgd", "adafactor")
-# Trackers the engine knows; "all" means every installed one, "none" none (the JSONL log is always written).
-SUPPORTED_TRACKERS = ("tensorboard", "wandb", "jsonl")
+# Trackers: the engine's one list; "all" means every installed one, "none" none (the JSONL log is always written).
+SUPPORTED_TRACKERS = TRACKER_NAMES
 TOKEN_COUNT_MODES = ("all", "non_padding", "no")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 # The words the string form of `fsdp` may contain (transformers' FSDPOption values).
@@ -76,7 +77,7 @@ class TrainingArguments(ProcessAttributes):
     num_train_epochs: float = field(default=3.0, metadata={"help": "Epochs to train (fractions allowed)."})
     max_steps: int = field(default=-1, metadata={"help": "If > 0: total optimizer steps, overriding num_train_epochs. Required for datasets without len()."})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "Micro-batches per optimizer step; the loss is normalised over the whole window."})
-    average_tokens_across_devices: bool = field(default=True, metadata={"help": "Normalise the loss by the item count of all processes (always done by trainkit; kept for compatibility)."})
+    average_tokens_across_devices: bool = field(default=True, metadata={"help": "Normalise the loss by the item count of all processes (False: each process by its own, then the processes' losses are averaged)."})
     auto_find_batch_size: bool = field(default=False, metadata={"help": "On an out-of-memory error, halve the training batch size and start training again."})
 
     # --- optimizer and schedule ---
@@ -123,7 +124,7 @@ class TrainingArguments(ProcessAttributes):
     log_level: str = field(default="passive", metadata={"help": "Logging level of the main process (passive leaves it alone)."})
     log_level_replica: str = field(default="warning", metadata={"help": "Logging level of the other processes."})
     disable_tqdm: bool | None = field(default=None, metadata={"help": "Hide the progress bar (default: hidden when logging is quieter than WARNING)."})
-    report_to: None | str | list[str] = field(default="none", metadata={"help": "Trackers: none | all | tensorboard | wandb (a JSONL log is always written)."})
+    report_to: None | str | list[str] = field(default="none", metadata={"help": "Trackers: none | all | tensorboard | wandb | mlflow (a JSONL log is always written)."})
     run_name: str | None = field(default=None, metadata={"help": "Run name shown by trackers (default: output_dir)."})
     project: str = field(default="huggingface", metadata={"help": "Project name used by the Trackio tracker only (trainkit does not drive Trackio)."})
     trackio_space_id: str | None = field(default=None, metadata={"help": "Trackio Space id (needs the Trackio tracker, absent from trainkit)."})
@@ -334,8 +335,6 @@ class TrainingArguments(ProcessAttributes):
     def _check_precision_and_misc(self) -> None:
         if self.fp16 and self.bf16:
             raise ConfigError(f"{WHERE}: fp16=True and bf16=True contradict each other; choose one.")
-        if self.use_cpu and self.fp16:
-            raise ConfigError(f"{WHERE}: fp16 needs a GPU; on CPU (use_cpu=True) use bf16=True instead.")
         if self.use_cpu:
             self.dataloader_pin_memory = False
         if self.push_to_hub and not (self.hub_model_id or self.output_dir):

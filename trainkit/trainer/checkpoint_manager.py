@@ -13,7 +13,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.checkpoint import rotate_checkpoints
+from trainkit.engine.checkpoint import CorruptedCheckpointError, IncompleteCheckpointError, rotate_checkpoints
 from trainkit.engine.checkpoint.atomic import decide_on_rank0
 from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, find_resume_folder
 
@@ -31,6 +31,7 @@ class CheckpointManager:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self._resumed_from: str | None = None
+        self._verified: str | None = None  # a folder the automatic choice has just checksummed
 
     @property
     def resumed_from(self) -> str | None:
@@ -62,24 +63,39 @@ class CheckpointManager:
         output_dir = self.trainer.args.output_dir
         if requested is True:
             try:
-                return find_resume_folder(True, output_dir, conventions=[TRAINER_CONVENTION])
+                self._verified = find_resume_folder(True, output_dir, conventions=[TRAINER_CONVENTION])
             except FileNotFoundError:
                 raise ValueError(f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint.") from None
+            return self._verified
         reason = None
         if requested is None and decide_on_rank0("look for a preemption marker",
                                                  lambda: preemption.was_preempted(output_dir)):
             reason = f"The previous run in {output_dir} was stopped by a preemption signal"
-        return find_resume_folder(requested, output_dir, conventions=[TRAINER_CONVENTION], automatic_reason=reason)
+        folder = find_resume_folder(requested, output_dir, conventions=[TRAINER_CONVENTION], automatic_reason=reason)
+        self._verified = folder if requested is None else None  # chosen automatically: checksummed already
+        return folder
 
     def resume(self, folder: str, train_dataloader: Any, steps_per_epoch: int | None) -> resume.ResumePoint:
         """Collective: load ``folder`` (weights, optimizer, schedule, RNG, data position, trainer state); return
         where the loop picks up."""
-        point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch)
+        try:
+            # A folder the automatic choice just checksummed is loaded with size checks only (hashed once).
+            point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch,
+                                           verify_checksums=folder != self._verified)
+        except (CorruptedCheckpointError, IncompleteCheckpointError) as error:
+            # Raised on every rank before anything was loaded. A script that passes transformers'
+            # get_last_checkpoint() names the newest folder by number, sound or not.
+            raise type(error)(f"{error} train(resume_from_checkpoint=True) resumes from the newest checkpoint in "
+                              "output_dir that verifies.") from None
         self._resumed_from = folder
         return point
 
     def load_best_model(self) -> bool:
-        """Collective: load the best checkpoint's weights, when there is one; return whether it did."""
+        """Collective: load the best checkpoint's weights, when there is one; return whether it did.
+
+        A best checkpoint that is gone or does not verify is not loaded: as transformers does for a missing one,
+        a warning says so and the model keeps its last weights (the run's work is not thrown away at its end).
+        """
         trainer = self.trainer
         best = trainer.state.best_model_checkpoint
         if best is None:
@@ -87,5 +103,11 @@ class CheckpointManager:
         trainer.accelerator.wait_for_everyone()
         logger.info("Loading the best model from %s (%s=%s).", best, trainer.args.metric_for_best_model,
                     trainer.state.best_metric)
-        checkpoints.load_model_weights(trainer, best)
+        try:
+            checkpoints.load_model_weights(trainer, best)  # verifies on every rank before copying anything
+        except (CorruptedCheckpointError, IncompleteCheckpointError) as error:
+            if trainer.is_world_process_zero():
+                logger.warning("load_best_model_at_end: the best checkpoint cannot be loaded, so the model keeps "
+                               "its last weights: %s", error)
+            return False
         return True

@@ -80,12 +80,13 @@ def training_loaders(train_dataloader: Any) -> list[Any]:
 def save_checkpoint(trainer: Trainer, folder: str) -> str:
     """Collective: write ``folder`` atomically (see the module doc); return it.
 
-    An existing complete checkpoint of the same name (from an earlier run in the same output_dir) is
-    replaced by renames once the new one is complete; any other existing folder is refused.
+    An existing sound checkpoint of the same name (from an earlier run in the same output_dir) is replaced
+    by renames once the new one is complete; one that does not verify (the newer checkpoint a resumed run
+    skipped because it was truncated or corrupted) is kept aside as ``checkpoint-N.damaged-{time}``.
     """
     accelerator, args = trainer.accelerator, trainer.args
     metadata = {"kind": "trainer_checkpoint", "global_step": trainer.state.global_step}
-    with atomic_checkpoint(folder, metadata=metadata, replace=True) as staging:
+    with atomic_checkpoint(folder, metadata=metadata, replace=True, set_aside_damaged=True) as staging:
         if args.save_only_model:
             model, strategy = prepared_model(trainer), accelerator.strategy
             model_state.save_model(strategy, model, staging, 0, strategy.checkpoint_is_sharded(model),
@@ -153,13 +154,13 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
 
 
 # -- loading weights ------------------------------------------------------------------------------
-def load_model_weights(trainer: Trainer, folder: str) -> None:
+def load_model_weights(trainer: Trainer, folder: str, checksums: bool = True) -> None:
     """Collective: verify ``folder`` and load its model weights (full or sharded) into the prepared model.
 
     Keys are checked before anything is copied: a checkpoint of another model names its missing,
     unexpected and mis-shaped keys and leaves the model untouched.
     """
-    verify_checkpoint(folder)
+    verify_checkpoint(folder, checksums=checksums)
     model_state.prepare_model_load(trainer.accelerator.strategy, prepared_model(trainer), folder, 0).apply()
 
 

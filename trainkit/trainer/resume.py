@@ -39,8 +39,10 @@ class ResumePoint(NamedTuple):
 START = ResumePoint(0, 0)
 
 
-def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_per_epoch: int | None) -> ResumePoint:
-    """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state)."""
+def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_per_epoch: int | None, *,
+                    verify_checksums: bool = True) -> ResumePoint:
+    """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state).
+    ``verify_checksums=False``: sizes only, for a folder the caller has just verified."""
     from .callbacks import TrainerState
 
     if trainer.accelerator.is_main_process:
@@ -48,13 +50,14 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     position_restored = False
     if has_engine_state(folder):
         # Verifies the manifest first; nothing is half-loaded.
-        trainer.accelerator.load_state(folder, dataloaders=training_loaders(train_dataloader))
+        trainer.accelerator.load_state(folder, dataloaders=training_loaders(train_dataloader),
+                                       verify_checksums=verify_checksums)
         position_restored = isinstance(train_dataloader, PreparedDataLoader) and train_dataloader.resume_mid_epoch
     else:
         if trainer.accelerator.is_main_process:
             logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
                            "states start afresh, so the run will not continue exactly.", folder)
-        load_model_weights(trainer, folder)
+        load_model_weights(trainer, folder, checksums=verify_checksums)
     loaded = TrainerState.load_from_json(os.path.join(folder, TRAINER_STATE_NAME))
     _adopt_state(trainer, loaded)
 

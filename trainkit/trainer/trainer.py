@@ -23,29 +23,12 @@ from trainkit.engine.accumulation import accumulation_windows
 
 from . import checkpoints, hub, preemption, resume, wiring
 from .arguments import TrainingArguments
-from .callbacks import (
-    CallbackHandler,
-    DefaultFlowCallback,
-    PrinterCallback,
-    ProgressCallback,
-    TrackerCallback,
-    TrainerControl,
-    TrainerState,
-)
+from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
+                        TrainerControl, TrainerState)
 from .checkpoint_manager import CheckpointManager
-from .data import (
-    ItemCounter,
-    accepted_columns,
-    call_model,
-    collator_dropping_unknown_columns,
-    default_collator,
-    default_label_names,
-    loss_from_outputs,
-    remove_unused_columns,
-    samples_in,
-    split_loss,
-    tokens_in,
-)
+from .construction_checks import check_trainer_inputs
+from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_unknown_columns, default_collator,
+                   default_label_names, loss_from_outputs, remove_unused_columns, samples_in, split_loss, tokens_in)
 from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
 from .meter import TrainingMeter, current_learning_rate, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import optimizer_from_config, scheduler_from_config
@@ -85,6 +68,9 @@ class Trainer:
                  optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None,
                  preprocess_logits_for_metrics: Callable | None = None) -> None:
         self.args = args if args is not None else TrainingArguments()
+        # Datasets and functions against the strategies: fail now, before a model is built, not after an epoch.
+        check_trainer_inputs(type(self), self.args, train_dataset=train_dataset, eval_dataset=eval_dataset,
+                             compute_metrics=compute_metrics, data_collator=data_collator)
         wiring.seed_run(self.args)  # before model_init, so its initial weights are reproducible
         self._deepspeed: Any = None  # the translated TrainingArguments(deepspeed=...), when given
         self.is_in_train = False
@@ -359,9 +345,11 @@ class Trainer:
         num_items = sum(self._count_items(inputs) for inputs in window)
         fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
         # Every rank's batches have one size: the sample count is the same everywhere, no collective needed.
+        # average_tokens_across_devices=False (transformers' meaning): each process normalises by its own items,
+        # so the gradient is the mean of the processes' mean losses; taken as local items x processes, unsummed.
+        same_everywhere = isinstance(num_items, int) and fixed_batches and accelerator.even_batches
         num_items = accelerator.open_accumulation_window(
-            len(window), num_items,
-            same_items_on_every_process=isinstance(num_items, int) and fixed_batches and accelerator.even_batches)
+            len(window), num_items, same_items_on_every_process=same_everywhere or not self.args.average_tokens_across_devices)
         token_mode = self.args.include_num_input_tokens_seen
         window_loss = None
         for index, inputs in enumerate(window):
@@ -508,7 +496,15 @@ class Trainer:
         self._memory_tracker.stop_and_update_metrics(metrics)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
+        if not self.is_in_train:
+            self._close_trackers()
         return metrics
+
+    def _close_trackers(self) -> None:
+        """After an evaluate() outside train(): its log restarted the trackers; close them (no file left open)."""
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, TrackerCallback) and callback.started:
+                callback.on_train_end(self.args, self.state, self.control)
 
     def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
                 metric_key_prefix: str = "test") -> PredictionOutput:

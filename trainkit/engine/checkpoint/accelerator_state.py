@@ -131,8 +131,10 @@ def save_accelerator_state(accelerator: Accelerator, output_dir: str | os.PathLi
         raise ValueError("save_state needs an output_dir (or ProjectConfiguration(automatic_checkpoint_naming=True)).")
     final_dir = os.path.normpath(os.fspath(output_dir))
     # An explicit folder may be saved to again (a common Accelerate habit): the new checkpoint replaces
-    # the old one by renames, never by writing into it. Automatically named folders are never replaced.
-    with atomic_checkpoint(final_dir, metadata={"kind": "accelerator_state"}, replace=not automatic) as staging:
+    # the old one by renames, never by writing into it. Automatically named folders are never replaced,
+    # except a damaged one (skipped by the resume that led here), which is kept aside as checkpoint_N.damaged-*.
+    with atomic_checkpoint(final_dir, metadata={"kind": "accelerator_state"}, replace=not automatic,
+                           set_aside_damaged=automatic) as staging:
         write_state_files(accelerator, staging, sharded, dataloaders)
     if automatic:
         config.iteration += 1
@@ -184,7 +186,8 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     directory = _resolve_input_dir(accelerator, input_dir)
     if directory is None:
         return None
-    verify_checkpoint(directory, checksums=verify_checksums)
+    # Found automatically (no input_dir): the finder has just checksummed it; sizes are checked again here.
+    verify_checkpoint(directory, checksums=verify_checksums and input_dir is not None)
     info = state_io.read_json(os.path.join(directory, STATE_FILE))
     if info.get("format") != STATE_FORMAT:
         raise CheckpointMismatchError(f"format ({info.get('format')!r}, expected {STATE_FORMAT!r})", [], [], [])

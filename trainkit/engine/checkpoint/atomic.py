@@ -34,6 +34,8 @@ MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "trainkit-checkpoint/1"
 _STAGING_SUFFIX = ".staging"
 _DELETING_SUFFIX = ".deleting"
+DAMAGED_MARK = ".damaged-"
+"""Suffix of a damaged checkpoint folder set aside by a later save of the same name (see begin_checkpoint)."""
 
 
 # -- collectives (no-ops on one process) ----------------------------------------------------------
@@ -92,20 +94,31 @@ def _fsync_directory(path: str) -> None:
 
 
 # -- writing -----------------------------------------------------------------------------------------
-def begin_checkpoint(final_dir: str, replace: bool = False) -> str:
+def begin_checkpoint(final_dir: str, replace: bool = False, set_aside_damaged: bool = False) -> str:
     """Collective: create an empty staging folder for ``final_dir`` and return its path.
 
     An existing ``final_dir`` is never written into: it is refused, unless it is empty, or ``replace`` is
     set and it is a complete checkpoint (then :func:`commit_checkpoint` swaps the new one in by renames).
-    The leftover of an earlier interrupted write of the same checkpoint is removed.
+    With ``set_aside_damaged`` (folders whose name the caller owns: the Trainer's ``checkpoint-N``, the
+    Accelerator's automatic ``checkpoint_N``), an existing folder that does not verify (incomplete,
+    truncated or failing its checksums) is renamed to ``{final_dir}.damaged-{UTC time}`` and kept, with one
+    warning: a run that resumed from an older checkpoint can then save over it. With ``replace`` alone, a
+    folder with a manifest whose files no longer match it (a trainkit checkpoint damaged since) is set aside
+    the same way, so an explicit ``save_state("ckpt")`` repeated every epoch keeps working. The leftover of
+    an earlier interrupted write of the same checkpoint is removed.
     """
     final_dir = os.path.normpath(os.fspath(final_dir))
     staging = staging_path(final_dir)
+    existing = decide_on_rank0(f"inspect {final_dir}", lambda: _inspect_existing(final_dir))
+    damaged = existing in ("incomplete", "damaged")
+    set_aside = set_aside_damaged or (replace and existing == "damaged")
+    if existing == "complete" and set_aside_damaged:
+        damaged = not _verifies(final_dir)  # collective: the checksums split across ranks
 
     def create() -> str:
-        if os.path.isdir(final_dir) and not os.listdir(final_dir):
-            os.rmdir(final_dir)  # an empty folder made beforehand (a habit from non-atomic savers) holds nothing
-        if os.path.exists(final_dir) and not (replace and is_complete(final_dir)):
+        if existing != "absent" and damaged and set_aside:
+            set_aside_damaged_folder(final_dir)
+        elif existing != "absent" and not (replace and existing == "complete"):
             raise FileExistsError(f"{final_dir} already exists; a checkpoint is never written into an existing folder"
                                   + ("" if replace else " (choose a new name)")
                                   + (" and it is not a complete checkpoint that could be replaced" if replace else "") + ".")
@@ -116,6 +129,49 @@ def begin_checkpoint(final_dir: str, replace: bool = False) -> str:
         return staging
 
     return decide_on_rank0(f"start checkpoint {final_dir}", create)
+
+
+def _inspect_existing(final_dir: str) -> str:
+    """Rank 0: "absent" (an empty folder is removed: it holds nothing), "complete" (manifest and sizes match),
+    "damaged" (a manifest the files no longer match), "incomplete" (a folder without a manifest) or "other"
+    (not a folder)."""
+    if os.path.isdir(final_dir) and not os.listdir(final_dir):
+        os.rmdir(final_dir)  # an empty folder made beforehand (a habit from non-atomic savers) holds nothing
+    if not os.path.exists(final_dir):
+        return "absent"
+    if not os.path.isdir(final_dir):
+        return "other"
+    if is_complete(final_dir):
+        return "complete"
+    return "damaged" if os.path.isfile(os.path.join(final_dir, MANIFEST_NAME)) else "incomplete"
+
+
+def _verifies(folder: str) -> bool:
+    """Collective: whether ``folder``'s files match their manifest's sizes and checksums."""
+    try:
+        verify_checkpoint(folder)
+    except (IncompleteCheckpointError, CorruptedCheckpointError):
+        return False
+    return True
+
+
+def damaged_folder_name(final_dir: str) -> str:
+    """A free name ``{final_dir}.damaged-{UTC time}`` (never matched as a checkpoint by any finder or rotation)."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    candidate, count = f"{final_dir}{DAMAGED_MARK}{stamp}", 1
+    while os.path.exists(candidate):
+        candidate, count = f"{final_dir}{DAMAGED_MARK}{stamp}-{count}", count + 1
+    return candidate
+
+
+def set_aside_damaged_folder(final_dir: str) -> str:
+    """Rank 0: rename a damaged checkpoint folder out of the way (never delete evidence); one warning. Returns
+    the new name."""
+    aside = damaged_folder_name(final_dir)
+    os.rename(final_dir, aside)
+    logger.warning("%s does not verify (incomplete or corrupted); kept as %s, and a new checkpoint is written "
+                   "under its name.", final_dir, aside)
+    return aside
 
 
 def _hash_file(path: str) -> str:
@@ -199,10 +255,11 @@ def commit_checkpoint(staging_dir: str, final_dir: str, *, error: BaseException 
 
 
 @contextlib.contextmanager
-def atomic_checkpoint(final_dir: str, metadata: dict[str, Any] | None = None, replace: bool = False) -> Iterator[str]:
+def atomic_checkpoint(final_dir: str, metadata: dict[str, Any] | None = None, replace: bool = False,
+                      set_aside_damaged: bool = False) -> Iterator[str]:
     """Collective: ``with atomic_checkpoint(path) as staging:`` write files into ``staging``; on leaving,
-    the checkpoint is committed (or, if any rank raised, abandoned on every rank). ``replace``: see
-    :func:`begin_checkpoint`.
+    the checkpoint is committed (or, if any rank raised, abandoned on every rank). ``replace`` and ``set_aside_damaged``:
+    see :func:`begin_checkpoint`.
 
     Example (every rank)::
 
@@ -210,7 +267,7 @@ def atomic_checkpoint(final_dir: str, metadata: dict[str, Any] | None = None, re
             if rank == 0:
                 save_file(weights, f"{staging}/model.safetensors")
     """
-    staging = begin_checkpoint(final_dir, replace=replace)
+    staging = begin_checkpoint(final_dir, replace=replace, set_aside_damaged=set_aside_damaged)
     try:
         yield staging
     except Exception as error:

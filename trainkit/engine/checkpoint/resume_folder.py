@@ -3,7 +3,8 @@
 Two folder conventions exist: the Trainer's ``output_dir/checkpoint-N`` (N = global step) and the
 Accelerator's automatic naming ``project_dir/checkpoints/checkpoint_N`` (N = save count). "Latest" is
 the complete checkpoint with the highest N of the first convention that has any (interrupted writes are
-skipped, with a warning). When torchelastic restarts a job's workers (``trainkit launch --max_restarts``),
+skipped, with a warning); resuming from the latest automatically takes the newest one that also verifies
+(sizes and checksums), so one damaged checkpoint costs the steps since the one before it, not the run. When torchelastic restarts a job's workers (``trainkit launch --max_restarts``),
 the unchanged script resumes from the latest by itself, or starts afresh when none was written yet.
 """
 
@@ -14,7 +15,8 @@ import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .atomic import decide_on_rank0, latest_complete_checkpoint
+from .atomic import decide_on_rank0, latest_complete_checkpoint, list_checkpoints, verify_checkpoint
+from .errors import CorruptedCheckpointError, IncompleteCheckpointError
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +53,38 @@ def latest_checkpoint_in(run_dir: str, conventions: Sequence[FolderConvention] =
     return None
 
 
+def _complete_newest_first(run_dir: str, conventions: Sequence[FolderConvention]) -> list[str]:
+    """One process: the complete checkpoints of the first convention that has any, newest first."""
+    for convention in conventions:
+        parent = os.path.join(run_dir, convention.subfolder)
+        if latest_complete_checkpoint(parent, convention.prefix) is not None:  # warns about newer incomplete ones
+            return [entry.path for entry in reversed(list_checkpoints(parent, convention.prefix)) if entry.complete]
+    return []
+
+
+def newest_sound_checkpoint(run_dir: str, conventions: Sequence[FolderConvention] = ALL_CONVENTIONS) -> str | None:
+    """Collective: the newest complete checkpoint under ``run_dir`` whose files match their checksums; newer
+    ones that do not are skipped with a warning naming what is wrong (and left in place)."""
+    candidates = decide_on_rank0("list the checkpoints", lambda: _complete_newest_first(run_dir, conventions))
+    for folder in candidates:
+        try:
+            verify_checkpoint(folder)
+        except (CorruptedCheckpointError, IncompleteCheckpointError) as error:
+            if _is_rank0():
+                logger.warning("Skipping %s for resuming: %s", folder, error)
+            continue
+        return folder
+    return None
+
+
 def find_resume_folder(requested: str | os.PathLike | bool | None, run_dir: str | None, *,
                        latest_when_unset: bool = False,
                        conventions: Sequence[FolderConvention] = ALL_CONVENTIONS,
                        automatic_reason: str | None = None) -> str | None:
     """Collective: the checkpoint folder to resume from, or None to start from the beginning.
 
-    ``requested``: a folder (must exist); ``True``: the latest under ``run_dir`` (an error when there is
-    none); ``False``: never resume; None: the latest when ``latest_when_unset`` (an error when there is
+    ``requested``: a folder (must exist; loading verifies it); ``True``: the newest checkpoint under ``run_dir``
+    that verifies (:func:`newest_sound_checkpoint`; an error when there is none); ``False``: never resume; None: the latest when ``latest_when_unset`` (an error when there is
     none), else nothing. After a torchelastic restart, or when the caller gives an ``automatic_reason``
     (e.g. "the previous run was preempted"), None means the latest, and finding none is not an error: the
     run starts afresh, and a warning says which. Rank 0 decides, so every rank gets one answer.
@@ -76,7 +102,7 @@ def find_resume_folder(requested: str | os.PathLike | bool | None, run_dir: str 
         return None
     if run_dir is None:
         raise ValueError("Resuming from the latest checkpoint needs the run's folder (output_dir or project_dir).")
-    latest = decide_on_rank0("find the latest checkpoint", lambda: latest_checkpoint_in(run_dir, conventions))
+    latest = newest_sound_checkpoint(run_dir, conventions)
     if latest is None and not reason:
         raise FileNotFoundError(f"No complete checkpoint under {run_dir} to resume from.")
     if reason and _is_rank0():
@@ -84,7 +110,7 @@ def find_resume_folder(requested: str | os.PathLike | bool | None, run_dir: str 
             logger.warning("%s: no complete checkpoint under %s yet, so nothing is loaded and training starts "
                            "from the beginning.", reason, run_dir)
         else:
-            logger.warning("%s: resuming automatically from %s, the latest complete checkpoint.", reason, latest)
+            logger.warning("%s: resuming automatically from %s, the newest checkpoint that verifies.", reason, latest)
     return latest
 
 
