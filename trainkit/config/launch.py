@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .deepspeed import DeepSpeedPlugin, plugin_from_yaml_block
+from .deepspeed import AutoValues, DeepSpeedPlugin, plugin_from_yaml_block, translate
 from .dynamo import TorchDynamoPlugin
 from .errors import ConfigError, check_choice, unknown_key_error
 from .fsdp import ALIASES as FSDP_ALIASES
@@ -239,7 +239,10 @@ class LaunchConfig:
             self.deepspeed_config = None
             return
         self.deepspeed_config = dict(block or {})
-        self.deepspeed_plugin()  # validates the block (and the JSON file it names) now, in the launcher
+        plugin = self.deepspeed_plugin()  # validates the block (and the JSON file it names) now, in the launcher
+        if plugin is not None:  # and what it asks for (NVMe offload, ZeRO++, ...) before any worker starts
+            translate(plugin.deepspeed_config, AutoValues(), where=f"deepspeed_config "
+                      f"({_where(self.provenance, 'deepspeed_config')})")
 
     def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
         """The ``deepspeed_config`` block as Accelerate's ``DeepSpeedPlugin`` (None unless DEEPSPEED)."""
