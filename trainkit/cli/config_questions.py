@@ -6,13 +6,13 @@ the default shown in brackets. An answer that is not valid is asked again (three
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from trainkit.config import ConfigError, FSDPOptions, did_you_mean
 from trainkit.config.fsdp import AUTO_WRAP_POLICIES, BACKWARD_PREFETCH, SHARDING_STRATEGIES, STATE_DICT_TYPES
+from trainkit.config.machine import gpus_probably_present
 
 _MAX_ATTEMPTS = 3
 
@@ -96,14 +96,6 @@ def _parse_int(text: str, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"Please give a number >= {minimum}.")
     return value
-
-
-def gpus_probably_present() -> bool:
-    """A torch-free guess used only for default answers: an NVIDIA driver lists GPUs here."""
-    try:
-        return bool(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return False
 
 
 def ask_launch_config(asker: Asker) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from .dynamo import TorchDynamoPlugin
 from .errors import ConfigError, check_choice, unknown_key_error
 from .fsdp import ALIASES as FSDP_ALIASES
 from .fsdp import FSDPOptions
+from .machine import gpus_probably_present
 from .preemption import DEFAULT_GRACE_PERIOD, DEFAULT_PREEMPTION_SIGNALS, parse_signal_names
 from .values import (
     COMPUTE_ENVIRONMENTS,
@@ -133,7 +134,7 @@ class LaunchConfig:
 
         ``fsdp_config`` sections merge option by option (a flag ``fsdp_sharding_strategy`` overrides only
         that option of the file's section). ``cuda_available`` decides what ``num_processes > 1`` with
-        distributed_type NO becomes (MULTI_GPU or MULTI_CPU); None means "assume MULTI_GPU unless use_cpu".
+        distributed_type NO becomes (MULTI_GPU or MULTI_CPU); None means "ask a torch-free probe of this machine".
         """
         merged: dict[str, Any] = {}
         fsdp_merged: dict[str, tuple[str, Any]] = {}
@@ -155,9 +156,13 @@ class LaunchConfig:
             self.provenance["num_processes"] = "derived from num_machines"
         self._validate_fields()
         if self.distributed_type == "NO" and self.num_processes > 1:
-            gpu = (not self.use_cpu) if cuda_available is None else (cuda_available and not self.use_cpu)
+            # What runs here: MULTI_CPU without a GPU (torch's answer when the launcher has it, else a
+            # torch-free probe), so `trainkit config --show` and the launch agree.
+            gpus = gpus_probably_present() if cuda_available is None else cuda_available
+            gpu = gpus and not self.use_cpu
             self.distributed_type = "MULTI_GPU" if gpu else "MULTI_CPU"
-            self.provenance["distributed_type"] = "derived from num_processes > 1"
+            reason = "use_cpu" if self.use_cpu else "GPUs found" if gpus else "no GPU found"
+            self.provenance["distributed_type"] = f"derived from num_processes > 1 ({reason})"
         if self.distributed_type == "FSDP":
             self.fsdp_config = FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where())
             self.unused_keys.extend(k for k in self.fsdp_config.ignored_keys if k not in self.unused_keys)
