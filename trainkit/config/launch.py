@@ -164,11 +164,13 @@ class LaunchConfig:
             reason = "use_cpu" if self.use_cpu else "GPUs found" if gpus else "no GPU found"
             self.provenance["distributed_type"] = f"derived from num_processes > 1 ({reason})"
         if self.distributed_type == "FSDP":
-            self.fsdp_config = FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where())
+            self.fsdp_config = FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where(),
+                                                        sources=self._fsdp_sources(fsdp_options))
             self.unused_keys.extend(k for k in self.fsdp_config.ignored_keys if k not in self.unused_keys)
         else:
             if fsdp_mapping:
-                FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where())  # a typo is still a typo
+                FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where(),  # a typo is still a typo
+                                         sources=self._fsdp_sources(fsdp_options))
                 if "fsdp_config" not in self.unused_keys:
                     self.unused_keys.append("fsdp_config")
             self.fsdp_config = None
@@ -183,6 +185,11 @@ class LaunchConfig:
         if self.fsdp_config is not None:
             for name in FSDPOptions.field_names():
                 self.provenance.setdefault(f"fsdp_config.fsdp_{name}", DEFAULT_SOURCE)
+
+    def _fsdp_sources(self, fsdp_options: Mapping[str, tuple[str, Any]]) -> dict[str, str]:
+        """Each option's raw key -> ``fsdp_config (<its file or flag>)``, for errors naming the right layer."""
+        return {raw_key: f"fsdp_config ({_where(self.provenance, f'fsdp_config.fsdp_{name}')})"
+                for name, (raw_key, _) in fsdp_options.items()}
 
     def _fsdp_where(self) -> str:
         source = self.provenance.get("fsdp_config")
@@ -352,6 +359,8 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
 def _fsdp_option_name(raw_key: str) -> str:
     """``fsdp_backward_prefetch_policy`` -> ``backward_prefetch``: one name per option, for merging."""
     key = raw_key[len("fsdp_"):] if raw_key.startswith("fsdp_") else raw_key
+    if key == "reshard_after_forward":  # FSDP2's spelling of the strategy: one option, whichever layer says it
+        return "sharding_strategy"
     return FSDP_ALIASES.get(key, key)
 
 
