@@ -76,3 +76,13 @@ def test_a_one_process_exec_says_which_settings_do_nothing(tmp_path):
     lines = [line for line in result.stderr.splitlines() if "no effect on this launch" in line]
     assert len(lines) == 1 and "main_process_port (one process needs no rendezvous)" in lines[0]
     assert "torch.distributed.elastic" not in result.stderr  # still the direct exec
+
+
+def test_multi_gpu_without_a_gpu_says_it_runs_on_cpu():
+    config = LaunchConfig.resolve([({"distributed_type": "MULTI_GPU", "num_processes": 2}, "ddp.yaml")],
+                                  cuda_available=False)
+    line = no_effect_notice(config, single_process=False, gpus=False)
+    assert "distributed_type MULTI_GPU (no GPU found: the processes run on CPU with gloo)" in line
+    assert no_effect_notice(config, single_process=False, gpus=True) is None
+    on_cpu = LaunchConfig.resolve([({"distributed_type": "MULTI_GPU", "num_processes": 2, "use_cpu": True}, "f")])
+    assert no_effect_notice(on_cpu, single_process=False, gpus=False) is None

@@ -54,9 +54,12 @@ def run(args: argparse.Namespace) -> int:
     if not single:
         import torch  # only now: the one-process path never pays for it here
 
-        config = resolve_config(args, cuda_available=torch.cuda.is_available())
+        gpus: bool | None = torch.cuda.is_available()
+        config = resolve_config(args, cuda_available=gpus)
         _check_gpus(config, torch)
-    for notice in (config.unused_keys_notice(), no_effect_notice(config, single_process=single)):
+    else:
+        gpus = None  # no torch import for one process: the notice asks a torch-free probe
+    for notice in (config.unused_keys_notice(), no_effect_notice(config, single_process=single, gpus=gpus)):
         if notice:
             print(notice, file=sys.stderr)
     handoff = write_launch_handoff(config, _handoff_path(config))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from trainkit.config import LaunchConfig
+from trainkit.config.machine import gpus_probably_present
 
 # `trainkit launch` flags that are torchrun options and nothing else (no config key): given, they act
 # only through the agent. Flags passed through to torchrun belong here too.
@@ -27,12 +28,17 @@ def agent_settings_given(config: LaunchConfig, args: argparse.Namespace) -> list
     return given
 
 
-def no_effect_notice(config: LaunchConfig, *, single_process: bool) -> str | None:
+def no_effect_notice(config: LaunchConfig, *, single_process: bool, gpus: bool | None = None) -> str | None:
     """One line naming the given settings that do nothing on this launch, and why; None when all act.
 
-    ``single_process``: the script is exec'd directly (one process, no torchrun agent).
+    ``single_process``: the script is exec'd directly (one process, no torchrun agent). ``gpus``: whether
+    this machine has a GPU (torch's answer when the launcher asked it; None: a torch-free probe).
     """
     reasons: list[str] = []
+    has_gpus = gpus_probably_present() if gpus is None else gpus
+    if config.distributed_type == "MULTI_GPU" and not config.use_cpu and not has_gpus:
+        # FSDP says the same from the engine; MULTI_GPU would otherwise fall back to CPU silently.
+        reasons.append("distributed_type MULTI_GPU (no GPU found: the processes run on CPU with gloo)")
 
     def given(name: str) -> bool:
         return config.source_of(name) != "default" and not config.source_of(name).startswith("derived")
