@@ -86,3 +86,6 @@ def test_multi_gpu_without_a_gpu_says_it_runs_on_cpu():
     assert no_effect_notice(config, single_process=False, gpus=True) is None
     on_cpu = LaunchConfig.resolve([({"distributed_type": "MULTI_GPU", "num_processes": 2, "use_cpu": True}, "f")])
     assert no_effect_notice(on_cpu, single_process=False, gpus=False) is None
+    chosen = LaunchConfig.resolve([({"gpu_ids": "0,1", "num_processes": 2}, "flag")], cuda_available=False)
+    assert "gpu_ids (no GPU found)" in no_effect_notice(chosen, single_process=False, gpus=False)
+    assert no_effect_notice(chosen, single_process=False, gpus=True) is None

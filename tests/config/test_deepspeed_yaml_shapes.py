@@ -117,3 +117,11 @@ def test_the_plugin_follows_the_same_rule(ds_json):
 def test_deepspeed_config_file_none_means_no_file():
     plugin = _launch({"deepspeed_config_file": "none", "zero_stage": 2}).deepspeed_plugin()
     assert plugin.deepspeed_config["zero_optimization"]["stage"] == 2
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_zero3_init_flag_below_stage_2_is_named_as_having_no_effect(stage):
+    settings = translate(_launch({"zero_stage": stage, "zero3_init_flag": True}).deepspeed_plugin().deepspeed_config,
+                         AutoValues())
+    assert settings.fsdp_config is None
+    assert "zero_optimization.zero3_init_flag (stages 0 and 1 keep whole replicas)" in settings.notice()

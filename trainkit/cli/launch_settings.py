@@ -50,8 +50,8 @@ def no_effect_notice(config: LaunchConfig, *, single_process: bool, gpus: bool |
             reasons.append("rdzv_backend (one machine: torchrun's c10d rendezvous on loopback)")
     if single_process and given("main_process_port") and config.main_process_port:
         reasons.append("main_process_port (one process needs no rendezvous)")
-    if given("gpu_ids") and config.gpu_ids not in (None, "all") and config.use_cpu:
-        reasons.append("gpu_ids (use_cpu: the processes run on CPU)")
+    if given("gpu_ids") and config.gpu_ids not in (None, "all") and (config.use_cpu or not has_gpus):
+        reasons.append("gpu_ids (use_cpu: the processes run on CPU)" if config.use_cpu else "gpu_ids (no GPU found)")
     if not reasons:
         return None
     return "trainkit launch: these settings have no effect on this launch: " + "; ".join(reasons) + "."

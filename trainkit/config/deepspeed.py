@@ -140,8 +140,8 @@ class DeepSpeedSettings:
         """One line naming the accepted keys that change nothing under FSDP2, or None."""
         if not self.no_effect:
             return None
-        return "trainkit: these DeepSpeed keys tune DeepSpeed's internals and have no effect on FSDP2: " + \
-            ", ".join(sorted(self.no_effect)) + "."
+        return "trainkit: these DeepSpeed keys have no effect on FSDP2/DDP (they tune DeepSpeed's internals, or ask " \
+            "for nothing at this stage): " + ", ".join(sorted(self.no_effect)) + "."
 
 
 def read_deepspeed_config(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -244,6 +244,8 @@ def _map_zero(zero: Mapping[str, Any], settings: DeepSpeedSettings, where: str) 
                           f"parameter offload exists only at stage 3); got stage {settings.zero_stage}.")
     settings.shard_optimizer_state = settings.zero_stage == 1
     if settings.zero_stage < 2:
+        if _truthy(zero.get("zero3_init_flag")):  # as Accelerate warns: meta-device init needs sharded parameters
+            settings.no_effect.append("zero_optimization.zero3_init_flag (stages 0 and 1 keep whole replicas)")
         return
     gather = zero.get("stage3_gather_16bit_weights_on_model_save", zero.get("stage3_gather_fp16_weights_on_model_save"))
     full = settings.zero_stage == 2 or _truthy(gather)
