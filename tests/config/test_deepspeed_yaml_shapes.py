@@ -95,10 +95,9 @@ def test_equal_values_in_yaml_and_json_are_accepted_and_auto_is_filled(ds_json, 
      "offload_param.device is 'cpu'"),
 ])
 def test_a_real_conflict_names_both_values_and_the_file(ds_json, yaml_key, yaml_value, file_config, file_words):
-    zero = {"stage": 2, **file_config} if yaml_key != "gradient_accumulation_steps" and yaml_key != "gradient_clipping" \
-        else {"stage": 2}
-    top = file_config if yaml_key in ("gradient_accumulation_steps", "gradient_clipping") else {}
-    path = ds_json({"zero_optimization": zero, **top})
+    top_level = yaml_key in ("gradient_accumulation_steps", "gradient_clipping")  # the others sit under zero_optimization
+    zero = {"stage": 2} if top_level else {"stage": 2, **file_config}
+    path = ds_json({"zero_optimization": zero, **(file_config if top_level else {})})
     with pytest.raises(ConfigError) as caught:
         _launch({"deepspeed_config_file": path, yaml_key: yaml_value})
     message = str(caught.value)
