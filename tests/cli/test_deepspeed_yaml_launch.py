@@ -9,8 +9,7 @@ import json
 
 import pytest
 
-from tests.cli.cli_helpers import explain, reports, trainkit
-from tests.test_docs_commands import STAND_IN_SCRIPT
+from tests.cli.cli_helpers import SCRIPTS, explain, reports, trainkit
 
 pytestmark = pytest.mark.multiprocess
 
@@ -21,8 +20,7 @@ def test_config_file_and_zero3_init_flag_train_on_two_ranks(tmp_path):
     (tmp_path / "ds.yaml").write_text(f"distributed_type: DEEPSPEED\nmixed_precision: bf16\nnum_processes: 2\n"
                                       f"deepspeed_config:\n  deepspeed_config_file: {tmp_path / 'ds.json'}\n"
                                       "  zero3_init_flag: false\n")
-    (tmp_path / "train.py").write_text(STAND_IN_SCRIPT)
-    result = trainkit("launch", "--config_file", tmp_path / "ds.yaml", tmp_path / "train.py", tmp_path=tmp_path,
+    result = trainkit("launch", "--config_file", tmp_path / "ds.yaml", SCRIPTS / "reader_train.py", tmp_path=tmp_path,
                       timeout=240)
     assert result.returncode == 0, explain(result)
     found = reports(result.stdout)
