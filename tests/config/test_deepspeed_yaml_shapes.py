@@ -124,3 +124,16 @@ def test_zero3_init_flag_below_stage_2_is_named_as_having_no_effect(stage):
                          AutoValues())
     assert settings.fsdp_config is None
     assert "zero_optimization.zero3_init_flag (stages 0 and 1 keep whole replicas)" in settings.notice()
+
+
+def test_trainkit_config_writes_the_file_and_flag_pair_and_reads_it_back(ds_json):
+    """`trainkit config`'s DeepSpeed answers with a JSON file: the same pair Accelerate writes, accepted as is."""
+    import io
+
+    from trainkit.cli.config_questions import Asker, ask_deepspeed_options
+
+    path = ds_json({"zero_optimization": {"stage": 3}})
+    block = ask_deepspeed_options(Asker(io.StringIO(f"{path}\nyes\n"), io.StringIO()))
+    assert block == {"deepspeed_config_file": path, "zero3_init_flag": True}
+    settings = translate(_launch(block).deepspeed_plugin().deepspeed_config, AutoValues())
+    assert settings.fsdp_config["fsdp_cpu_ram_efficient_loading"] is True

@@ -164,8 +164,9 @@ def ask_fsdp_options(asker: Asker) -> dict[str, Any]:
 def ask_deepspeed_options(asker: Asker) -> dict[str, Any]:
     """Accelerate's DeepSpeed questions: a JSON config file, or the ZeRO stage and its options."""
     path = asker.text("DeepSpeed JSON config file (empty: answer the ZeRO questions instead)?", None)
-    if path:
-        return {"deepspeed_config_file": path}
+    if path:  # as `accelerate config` does, zero3_init_flag is asked beside a file too (the file rarely holds it)
+        return {"deepspeed_config_file": path, "zero3_init_flag": asker.yes_no(
+            "Build the model on the meta device, rank 0 loading the weights (zero3_init_flag)?", False)}
     stage = int(asker.choice("ZeRO stage (0 DDP, 1 + sharded optimizer state, 2 FSDP2 SHARD_GRAD_OP, "
                              "3 FSDP2 FULL_SHARD)?", ["0", "1", "2", "3"], "2"))
     options: dict[str, Any] = {"zero_stage": stage}
