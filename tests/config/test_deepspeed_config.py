@@ -104,5 +104,5 @@ def test_accelerate_yaml_block_and_launch_config(tmp_path):
     path.write_text(json.dumps({"zero_optimization": {"stage": 2}, "gradient_accumulation_steps": "auto"}))
     plugin = plugin_from_yaml_block({"deepspeed_config_file": str(path), "gradient_accumulation_steps": 4}, where="t")
     assert plugin.deepspeed_config["gradient_accumulation_steps"] == 4  # the YAML fills the file's "auto"
-    with pytest.raises(ConfigError, match=r"\['zero_stage'\] belong in the DeepSpeed config"):
+    with pytest.raises(ConfigError, match=r"zero_stage is 3 .* but zero_optimization.stage is 2 in the DeepSpeed config .*ds.json"):
         DeepSpeedPlugin(hf_ds_config=str(path), zero_stage=3)

@@ -77,7 +77,7 @@ def test_layers_resolve_in_order_with_provenance():
 
 
 def test_num_processes_above_one_promotes_no_to_a_multi_type():
-    assert LaunchConfig.from_mapping({"num_processes": 2}).distributed_type == "MULTI_GPU"
+    assert LaunchConfig.from_mapping({"num_processes": 2}, cuda_available=True).distributed_type == "MULTI_GPU"
     assert LaunchConfig.from_mapping({"num_processes": 2}, cuda_available=False).distributed_type == "MULTI_CPU"
     assert LaunchConfig.from_mapping({"num_processes": 2, "use_cpu": True}).distributed_type == "MULTI_CPU"
     config = LaunchConfig.from_mapping({"distributed_type": "NO"})

@@ -19,7 +19,7 @@ from trainkit.config import (
 from trainkit.config.engine import PRECEDENCE, resolve_engine_config
 
 from .config_flags import FLAG_SOURCE, add_config_flags, config_layers, describe_source, flags_to_mapping
-from .config_questions import Asker, ask_launch_config, gpus_probably_present
+from .config_questions import Asker, ask_launch_config
 
 HELP = "Write a launch config file (interactive, or --default), or --show the resolved configuration."
 
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     target = args.config_file or str(default_config_path())
     if args.default:
         flags = flags_to_mapping(args)
-        config = LaunchConfig.resolve([(flags, FLAG_SOURCE)], cuda_available=gpus_probably_present())
+        config = LaunchConfig.resolve([(flags, FLAG_SOURCE)])  # MULTI_GPU or MULTI_CPU: by this machine
     else:
         answers = ask_launch_config(Asker())
         # Flags typed next to the interactive command still win over the answers.

@@ -6,13 +6,13 @@ the default shown in brackets. An answer that is not valid is asked again (three
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from trainkit.config import ConfigError, FSDPOptions, did_you_mean
 from trainkit.config.fsdp import AUTO_WRAP_POLICIES, BACKWARD_PREFETCH, SHARDING_STRATEGIES, STATE_DICT_TYPES
+from trainkit.config.machine import gpus_probably_present
 
 _MAX_ATTEMPTS = 3
 
@@ -98,14 +98,6 @@ def _parse_int(text: str, minimum: int) -> int:
     return value
 
 
-def gpus_probably_present() -> bool:
-    """A torch-free guess used only for default answers: an NVIDIA driver lists GPUs here."""
-    try:
-        return bool(os.listdir("/proc/driver/nvidia/gpus"))
-    except OSError:
-        return False
-
-
 def ask_launch_config(asker: Asker) -> dict[str, Any]:
     """Ask every question in order and return the config mapping (Accelerate's keys)."""
     config: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE"}
@@ -172,8 +164,9 @@ def ask_fsdp_options(asker: Asker) -> dict[str, Any]:
 def ask_deepspeed_options(asker: Asker) -> dict[str, Any]:
     """Accelerate's DeepSpeed questions: a JSON config file, or the ZeRO stage and its options."""
     path = asker.text("DeepSpeed JSON config file (empty: answer the ZeRO questions instead)?", None)
-    if path:
-        return {"deepspeed_config_file": path}
+    if path:  # as `accelerate config` does, zero3_init_flag is asked beside a file too (the file rarely holds it)
+        return {"deepspeed_config_file": path, "zero3_init_flag": asker.yes_no(
+            "Build the model on the meta device, rank 0 loading the weights (zero3_init_flag)?", False)}
     stage = int(asker.choice("ZeRO stage (0 DDP, 1 + sharded optimizer state, 2 FSDP2 SHARD_GRAD_OP, "
                              "3 FSDP2 FULL_SHARD)?", ["0", "1", "2", "3"], "2"))
     options: dict[str, Any] = {"zero_stage": stage}

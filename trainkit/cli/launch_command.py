@@ -1,6 +1,7 @@
 """`trainkit launch`: resolve the config, hand it to the workers, start them through torchrun.
 
-One process on one machine without restarts is a plain ``exec`` of the script (no agent, no rendezvous).
+One process on one machine is a plain ``exec`` of the script (no agent, no rendezvous), unless a setting
+only torchrun's agent acts on is given (``--tee``, ``--log_dir``, restarts, ...: see ``launch_settings``).
 Everything else runs ``torch.distributed.run`` in this process, each worker through
 ``python -m trainkit.cli.worker`` (dies with this launcher, records its exception for the summary).
 """
@@ -20,6 +21,7 @@ from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handof
 from trainkit.config.preemption import PREEMPTION_REPORT_ENV
 
 from .config_flags import add_config_flags, resolve_config
+from .launch_settings import agent_settings_given, no_effect_notice
 from .worker import LAUNCHER_PID_ENV
 
 HELP = "Launch a training script on N processes (torchrun underneath), with Accelerate's flags and config files."
@@ -46,15 +48,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"trainkit launch: error: script {args.training_script!r} not found "
               "(use -m for a module name).", file=sys.stderr)
         return 2
-    single = config.num_processes == 1 and config.num_machines == 1 and config.max_restarts == 0
+    agent_settings = agent_settings_given(config, args)
+    # One process, one machine, nothing for torchrun's agent to do: exec the script itself.
+    single = config.num_processes == 1 and config.num_machines == 1 and not agent_settings
     if not single:
         import torch  # only now: the one-process path never pays for it here
 
-        config = resolve_config(args, cuda_available=torch.cuda.is_available())
+        gpus: bool | None = torch.cuda.is_available()
+        config = resolve_config(args, cuda_available=gpus)
         _check_gpus(config, torch)
-    notice = config.unused_keys_notice()
-    if notice:
-        print(notice, file=sys.stderr)
+    else:
+        gpus = None  # no torch import for one process: the notice asks a torch-free probe
+    for notice in (config.unused_keys_notice(), no_effect_notice(config, single_process=single, gpus=gpus)):
+        if notice:
+            print(notice, file=sys.stderr)
     handoff = write_launch_handoff(config, _handoff_path(config))
     environment = worker_environment(config, handoff)
     os.environ.update(environment)

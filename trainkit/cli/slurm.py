@@ -18,7 +18,7 @@ SLURM_SOURCE = "env SLURM_*"
 def first_hostname(nodelist: str) -> str | None:
     """The first host of a Slurm nodelist ("gpu[01-04,07],cpu3" -> "gpu01"), without calling scontrol.
 
-    Falls back to ``scontrol show hostnames`` for forms this small parser does not cover.
+    Falls back to ``scontrol show hostnames`` for forms the parser does not fully cover (it returns None then).
     """
     return first_slurm_host(nodelist) or _scontrol_first_host(nodelist)
 

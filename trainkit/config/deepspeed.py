@@ -140,8 +140,8 @@ class DeepSpeedSettings:
         """One line naming the accepted keys that change nothing under FSDP2, or None."""
         if not self.no_effect:
             return None
-        return "trainkit: these DeepSpeed keys tune DeepSpeed's internals and have no effect on FSDP2: " + \
-            ", ".join(sorted(self.no_effect)) + "."
+        return "trainkit: these DeepSpeed keys have no effect on FSDP2/DDP (they tune DeepSpeed's internals, or ask " \
+            "for nothing at this stage): " + ", ".join(sorted(self.no_effect)) + "."
 
 
 def read_deepspeed_config(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -244,6 +244,8 @@ def _map_zero(zero: Mapping[str, Any], settings: DeepSpeedSettings, where: str) 
                           f"parameter offload exists only at stage 3); got stage {settings.zero_stage}.")
     settings.shard_optimizer_state = settings.zero_stage == 1
     if settings.zero_stage < 2:
+        if _truthy(zero.get("zero3_init_flag")):  # as Accelerate warns: meta-device init needs sharded parameters
+            settings.no_effect.append("zero_optimization.zero3_init_flag (stages 0 and 1 keep whole replicas)")
         return
     gather = zero.get("stage3_gather_16bit_weights_on_model_save", zero.get("stage3_gather_fp16_weights_on_model_save"))
     full = settings.zero_stage == 2 or _truthy(gather)
@@ -350,6 +352,106 @@ def _map_scheduler(block: Any, auto: AutoValues, where: str) -> dict[str, Any] |
     return {"type": kind, "params": params}
 
 
+# DeepSpeedPlugin fields (the keys of an Accelerate YAML's deepspeed_config block) and the DeepSpeed JSON
+# key each one sets: the pairs Accelerate itself matches when both a plugin field and a config file are given.
+FIELD_KEYS = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "zero3_init_flag": "zero_optimization.zero3_init_flag",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+_OLD_SPELLINGS = {"zero_optimization.stage3_gather_16bit_weights_on_model_save":
+                  "zero_optimization.stage3_gather_fp16_weights_on_model_save"}
+
+
+def merge_plugin_fields(config: dict[str, Any], fields: Mapping[str, Any], *, file_where: str,
+                        fields_where: str = "the DeepSpeedPlugin / deepspeed_config block") -> None:
+    """Merge plugin fields (or YAML ``deepspeed_config`` keys) into a DeepSpeed config read from a file.
+
+    A field fills its JSON key where the file leaves it out or writes ``"auto"``; a field that says the
+    same as the file is accepted; a field that says something else is a real conflict, refused with both
+    values and the file's name. (Accelerate's launcher refuses the JSON-backed keys beside a file outright,
+    even when they agree; ``accelerate config`` writes only ``zero3_init_flag`` and launcher keys there.)
+    """
+    for name, value in fields.items():
+        if name not in FIELD_KEYS or value is None or _means_off(name, value):
+            if name in FIELD_KEYS and value is not None:
+                _check_off_agrees(config, name, value, file_where=file_where, fields_where=fields_where)
+            continue
+        key = FIELD_KEYS[name]
+        present = _get_dotted(config, key)
+        if present is None and key in _OLD_SPELLINGS:
+            present = _get_dotted(config, _OLD_SPELLINGS[key])
+        if present is None or present == "auto":
+            _set_dotted(config, key, value)
+        elif not _same_value(present, value):
+            raise _conflict(name, value, key, present, file_where, fields_where)
+
+
+def _means_off(name: str, value: Any) -> bool:
+    """A field value that asks for nothing (Accelerate writes these as defaults): never fills the file."""
+    if name.endswith("_device") or name.endswith("_nvme_path"):
+        return str(value).strip().lower() in ("", "none")
+    if name in ("zero3_init_flag", "zero3_save_16bit_model"):
+        return not _truthy(value)
+    return False
+
+
+def _check_off_agrees(config: Mapping[str, Any], name: str, value: Any, *, file_where: str, fields_where: str) -> None:
+    """An "off" field (device none, flag false) conflicts only with a file that turns the thing on."""
+    key = FIELD_KEYS[name]
+    present = _get_dotted(config, key)
+    if present is None and key in _OLD_SPELLINGS:
+        present = _get_dotted(config, _OLD_SPELLINGS[key])
+    if name.endswith("_nvme_path") or present is None or present == "auto":
+        return  # a path is only read with an nvme device, and that device is compared on its own
+    if name.endswith("_device"):
+        on = str(present).strip().lower() not in ("", "none")
+    else:
+        on = _truthy(present)
+    if on:
+        raise _conflict(name, value, key, present, file_where, fields_where)
+
+
+def _same_value(present: Any, value: Any) -> bool:
+    if isinstance(value, bool) or isinstance(present, bool):
+        return _truthy(present) == _truthy(value)
+    try:
+        return float(present) == float(value)
+    except (TypeError, ValueError):
+        return str(present).strip().lower() == str(value).strip().lower()
+
+
+def _conflict(name: str, value: Any, key: str, present: Any, file_where: str, fields_where: str) -> ConfigError:
+    return ConfigError(
+        f"{name} is {value!r} in {fields_where} but {key} is {present!r} in the DeepSpeed config {file_where}: "
+        f"set it in one place, make the two agree, or write \"auto\" in the file.")
+
+
+def _get_dotted(config: Mapping[str, Any], key: str) -> Any:
+    node: Any = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+def _set_dotted(config: dict[str, Any], key: str, value: Any) -> None:
+    *blocks, last = key.split(".")
+    node = config
+    for part in blocks:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[last] = value
+
+
 @dataclasses.dataclass
 class DeepSpeedPlugin:
     """Accelerate's ``DeepSpeedPlugin`` (same fields): a DeepSpeed config that trainkit runs on FSDP2.
@@ -384,23 +486,15 @@ class DeepSpeedPlugin:
         self.deepspeed_config = self._build()
 
     def _file_config(self) -> dict[str, Any]:
-        """The file's config; the plugin's accumulation and clipping fill its "auto" (and must agree otherwise)."""
+        """The file's config with the plugin's fields merged in (see :func:`merge_plugin_fields`)."""
         config = read_deepspeed_config(self.hf_ds_config)
         where = "(dict)" if isinstance(self.hf_ds_config, Mapping) else str(self.hf_ds_config)
-        in_file = [name for name in ("zero_stage", "offload_optimizer_device", "offload_param_device",
-                                     "zero3_init_flag", "zero3_save_16bit_model") if getattr(self, name) is not None]
-        if in_file:
-            raise ConfigError(f"DeepSpeedPlugin: {in_file} belong in the DeepSpeed config {where} when one is given; "
-                              "set them in one place.")
-        for key in ("gradient_accumulation_steps", "gradient_clipping"):
-            value = getattr(self, key)
-            if value is None:
-                continue
-            if config.get(key, "auto") == "auto":
-                config[key] = value
-            elif float(config[key]) != float(value):
-                raise ConfigError(f"{key} is {config[key]} in the DeepSpeed config {where} but {value} in the "
-                                  "plugin or launch config; make them agree or write \"auto\" in the file.")
+        given = {name: getattr(self, name) for name in FIELD_KEYS if getattr(self, name) is not None}
+        merge_plugin_fields(config, given, file_where=where)
+        for name, key in FIELD_KEYS.items():  # as in Accelerate: the fields then read what the file says
+            value = _get_dotted(config, key)
+            if getattr(self, name) is None and value is not None and value != "auto":
+                setattr(self, name, value)
         return config
 
     def _build(self) -> dict[str, Any]:
@@ -457,8 +551,11 @@ def plugin_from_yaml_block(block: Mapping[str, Any], *, where: str) -> DeepSpeed
             fields[key] = to_int(key, fields[key], where, minimum=0 if key == "zero_stage" else 1)
     if "gradient_clipping" in fields:
         fields["gradient_clipping"] = float(fields["gradient_clipping"])
-    if block.get("deepspeed_config_file"):
-        return DeepSpeedPlugin(hf_ds_config=block["deepspeed_config_file"], transformer_moe_cls_names=moe, **fields)
+    config_file = block.get("deepspeed_config_file")
+    if config_file not in (None, "", "none"):
+        # Checked here first so that a conflict names this YAML block rather than the plugin.
+        merge_plugin_fields(read_deepspeed_config(config_file), fields, file_where=str(config_file), fields_where=where)
+        return DeepSpeedPlugin(hf_ds_config=config_file, transformer_moe_cls_names=moe, **fields)
     return DeepSpeedPlugin(transformer_moe_cls_names=moe, **fields)
 
 

@@ -247,7 +247,8 @@ def _fsdp_options(values: dict[str, Any], provenance: dict[str, str]) -> FSDPOpt
     options = FSDPOptions()
     for option, value in chosen.items():
         setattr(options, option, value)
-    options.validate(f"FSDP options ({', '.join(sources) or DEFAULT_SOURCE})")
+    options.validate(f"FSDP options ({', '.join(sources) or DEFAULT_SOURCE})",
+                     wheres={option: f"FSDP options ({provenance[FSDP_PREFIX + option]})" for option in chosen})
     return options
 
 

@@ -11,11 +11,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .deepspeed import DeepSpeedPlugin, plugin_from_yaml_block
+from .deepspeed import AutoValues, DeepSpeedPlugin, plugin_from_yaml_block, translate
 from .dynamo import TorchDynamoPlugin
 from .errors import ConfigError, check_choice, unknown_key_error
 from .fsdp import ALIASES as FSDP_ALIASES
 from .fsdp import FSDPOptions
+from .machine import gpus_probably_present
 from .preemption import DEFAULT_GRACE_PERIOD, DEFAULT_PREEMPTION_SIGNALS, parse_signal_names
 from .values import (
     COMPUTE_ENVIRONMENTS,
@@ -133,7 +134,7 @@ class LaunchConfig:
 
         ``fsdp_config`` sections merge option by option (a flag ``fsdp_sharding_strategy`` overrides only
         that option of the file's section). ``cuda_available`` decides what ``num_processes > 1`` with
-        distributed_type NO becomes (MULTI_GPU or MULTI_CPU); None means "assume MULTI_GPU unless use_cpu".
+        distributed_type NO becomes (MULTI_GPU or MULTI_CPU); None means "ask a torch-free probe of this machine".
         """
         merged: dict[str, Any] = {}
         fsdp_merged: dict[str, tuple[str, Any]] = {}
@@ -155,15 +156,21 @@ class LaunchConfig:
             self.provenance["num_processes"] = "derived from num_machines"
         self._validate_fields()
         if self.distributed_type == "NO" and self.num_processes > 1:
-            gpu = (not self.use_cpu) if cuda_available is None else (cuda_available and not self.use_cpu)
+            # What runs here: MULTI_CPU without a GPU (torch's answer when the launcher has it, else a
+            # torch-free probe), so `trainkit config --show` and the launch agree.
+            gpus = gpus_probably_present() if cuda_available is None else cuda_available
+            gpu = gpus and not self.use_cpu
             self.distributed_type = "MULTI_GPU" if gpu else "MULTI_CPU"
-            self.provenance["distributed_type"] = "derived from num_processes > 1"
+            reason = "use_cpu" if self.use_cpu else "GPUs found" if gpus else "no GPU found"
+            self.provenance["distributed_type"] = f"derived from num_processes > 1 ({reason})"
         if self.distributed_type == "FSDP":
-            self.fsdp_config = FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where())
+            self.fsdp_config = FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where(),
+                                                        sources=self._fsdp_sources(fsdp_options))
             self.unused_keys.extend(k for k in self.fsdp_config.ignored_keys if k not in self.unused_keys)
         else:
             if fsdp_mapping:
-                FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where())  # a typo is still a typo
+                FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where(),  # a typo is still a typo
+                                         sources=self._fsdp_sources(fsdp_options))
                 if "fsdp_config" not in self.unused_keys:
                     self.unused_keys.append("fsdp_config")
             self.fsdp_config = None
@@ -178,6 +185,11 @@ class LaunchConfig:
         if self.fsdp_config is not None:
             for name in FSDPOptions.field_names():
                 self.provenance.setdefault(f"fsdp_config.fsdp_{name}", DEFAULT_SOURCE)
+
+    def _fsdp_sources(self, fsdp_options: Mapping[str, tuple[str, Any]]) -> dict[str, str]:
+        """Each option's raw key -> ``fsdp_config (<its file or flag>)``, for errors naming the right layer."""
+        return {raw_key: f"fsdp_config ({_where(self.provenance, f'fsdp_config.fsdp_{name}')})"
+                for name, (raw_key, _) in fsdp_options.items()}
 
     def _fsdp_where(self) -> str:
         source = self.provenance.get("fsdp_config")
@@ -239,7 +251,10 @@ class LaunchConfig:
             self.deepspeed_config = None
             return
         self.deepspeed_config = dict(block or {})
-        self.deepspeed_plugin()  # validates the block (and the JSON file it names) now, in the launcher
+        plugin = self.deepspeed_plugin()  # validates the block (and the JSON file it names) now, in the launcher
+        if plugin is not None:  # and what it asks for (NVMe offload, ZeRO++, ...) before any worker starts
+            translate(plugin.deepspeed_config, AutoValues(), where=f"deepspeed_config "
+                      f"({_where(self.provenance, 'deepspeed_config')})")
 
     def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
         """The ``deepspeed_config`` block as Accelerate's ``DeepSpeedPlugin`` (None unless DEEPSPEED)."""
@@ -344,6 +359,8 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
 def _fsdp_option_name(raw_key: str) -> str:
     """``fsdp_backward_prefetch_policy`` -> ``backward_prefetch``: one name per option, for merging."""
     key = raw_key[len("fsdp_"):] if raw_key.startswith("fsdp_") else raw_key
+    if key == "reshard_after_forward":  # FSDP2's spelling of the strategy: one option, whichever layer says it
+        return "sharding_strategy"
     return FSDP_ALIASES.get(key, key)
 
 

@@ -7,13 +7,11 @@ FSDP2 options there and need nothing here.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from trainkit.config.errors import ConfigError
 
@@ -130,45 +128,6 @@ def build_scheduler(spec: dict[str, Any], optimizer: torch.optim.Optimizer, plac
     return DeepSpeedSchedule(getattr(optimizer, "optimizer", optimizer), spec["type"], params)
 
 
-class ShardedStateOptimizer(ZeroRedundancyOptimizer):
-    """ZeRO stage 1: each rank keeps the optimizer state of its share of the parameters only.
-
-    Built over the user's optimizer class and hyper-parameters, and sharing the user's param-group dicts,
-    so a scheduler made for the original optimizer still drives the learning rate. ``state_dict`` is the
-    full state on every rank (gathered), so checkpoints are the same as without sharding and reshard on
-    load: ``load_state_dict`` keeps each rank's share.
-    """
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        accepted = inspect.signature(type(optimizer).__init__).parameters
-        # defaults can hold keys the constructor does not take (AdamW's decoupled_weight_decay): pass the rest.
-        defaults = {key: value for key, value in optimizer.defaults.items() if key in accepted and key != "params"}
-        groups = [{**group, "params": list(group["params"])} for group in optimizer.param_groups]
-        super().__init__(groups, optimizer_class=type(optimizer), **defaults)
-        # The user's scheduler holds the original groups: let this optimizer read its hyper-parameters there.
-        self.param_groups = optimizer.param_groups
-
-    def state_dict(self) -> dict[str, Any]:
-        """The full optimizer state on every rank (each rank gathers it in turn; collective)."""
-        state: dict[str, Any] = {}
-        for target in range(self.world_size):
-            self.consolidate_state_dict(to=target)
-            if self.rank == target:
-                state = super().state_dict()
-        self._all_state_dicts = []  # the gathered copies are not needed between saves
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load a full state; keys may be parameter names (torch.distributed.checkpoint's form) or indices."""
-        order = [key for group in state_dict["param_groups"] for key in group["params"]]
-        if any(not isinstance(key, int) for key in order):
-            index = {key: position for position, key in enumerate(order)}
-            state_dict = {"state": {index[key]: value for key, value in state_dict["state"].items()},
-                          "param_groups": [{**group, "params": [index[key] for key in group["params"]]}
-                                           for group in state_dict["param_groups"]]}
-        super().load_state_dict(state_dict)
-
-
 def deepspeed_optimizer(settings: Any, optimizer: torch.optim.Optimizer | DummyOptim) -> torch.optim.Optimizer:
     """The optimizer to prepare: the user's, or the one the config's ``optimizer`` block names (Accelerate's
     rule: a config with an optimizer block takes a :class:`DummyOptim`, and only then)."""
@@ -200,6 +159,10 @@ def deepspeed_scheduler(settings: Any, placeholder: DummyScheduler, optimizers: 
 def shard_optimizer_state(settings: Any, optimizer: torch.optim.Optimizer, num_processes: int) -> torch.optim.Optimizer:
     """ZeRO-1: the optimizer with its state sharded across processes, when the DeepSpeed config asks for it."""
     if settings is not None and settings.shard_optimizer_state and num_processes > 1:
+        # Imported here: torch.distributed.optim scripts its functional optimizers with torch.jit on import,
+        # which emits dozens of DeprecationWarnings; only a ZeRO-1 run should pay for that.
+        from trainkit.engine.sharded_state_optimizer import ShardedStateOptimizer
+
         return ShardedStateOptimizer(optimizer)
     return optimizer
 

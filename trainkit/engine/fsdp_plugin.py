@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trainkit.config.errors import ConfigError
-from trainkit.config.fsdp import FSDPOptions
+from trainkit.config.fsdp import FSDPOptions, parse_reshard_after_forward
 from trainkit.config.values import parse_mixed_precision
 from trainkit.engine.pretrained_loading import load_on_rank0_only
 
@@ -97,11 +97,8 @@ class FullyShardedDataParallelPlugin:
         values: dict[str, Any] = {}
         strategy = _enum_name(self.sharding_strategy)
         reshard = self.reshard_after_forward
-        if reshard is not None:
-            if isinstance(reshard, str) and reshard.lower() not in ("true", "false"):
-                strategy = reshard  # Accelerate also accepts a strategy name here
-            else:
-                strategy = "FULL_SHARD" if str(reshard).lower() == "true" else "SHARD_GRAD_OP"
+        if reshard is not None:  # the same parser as the launcher's fsdp_reshard_after_forward key
+            strategy = parse_reshard_after_forward(reshard, key="reshard_after_forward", where=where)
         if strategy is not None:
             values["sharding_strategy"] = strategy
         if self.backward_prefetch is not None:
