@@ -99,9 +99,10 @@ class FSDPStrategy(Strategy):
         # dimension holds one rank (one process, NO_SHARD) nothing was sharded, so that is pure cost
         # (measured: 24 % of a GPT-2 step on one H100).
         reshard = options.reshard_after_forward and shape[-1] > 1
+        mp_policies = self._mp_policies()
         sharding.shard_model(
             model, units, mesh, reshard_after_forward=reshard,
-            mp_policies=self._mp_policies(),
+            mp_policies=mp_policies,
             ignored_params={p for module in self.plugin.ignored_modules or [] for p in module.parameters()},
             offload=sharding.offload_policy(options.offload_params, self.device),
         )
@@ -111,6 +112,8 @@ class FSDPStrategy(Strategy):
             pretrained_loading.restore_from_pretrained()  # later loads (evaluation reloads) are real again
         sharding.wire_prefetch(units, forward_prefetch=options.forward_prefetch,
                                backward_prefetch=options.backward_prefetch)
+        if self.precision is not None and self.precision.enabled and sharding.computes_in_low_precision(mp_policies[0]):
+            sharding.run_without_autocast(units, self.device.type)  # the policy already decides their precision
         self._remember_replacements(originals, model)
         logger.info("FSDP2 %s on mesh %s: %d units %s", options.sharding_strategy, shape, len(units),
                     sharding.describe_units(units, model)[:4])
