@@ -3,9 +3,8 @@
 Nothing here holds state: :class:`trainkit.engine.strategies.fsdp.FSDPStrategy` calls these in order
 (choose units, keeping tied parameters in one group -> place or meta-move (re-tying) -> one dtype per
 group -> checkpoint activations -> ``fully_shard`` bottom-up -> wire prefetching -> autocast off inside
-bf16/fp16 units); getting rank 0's
-weights onto the other ranks lives in :mod:`trainkit.engine.rank0_weights`. Each function does one
-FSDP2 step and can be tested alone.
+bf16/fp16 units); getting rank 0's weights onto the other ranks lives in
+:mod:`trainkit.engine.rank0_weights`. Each function does one FSDP2 step and can be tested alone.
 """
 
 from __future__ import annotations
