@@ -158,8 +158,16 @@ def test_hybrid_group_must_divide_world() -> None:
         sharding.mesh_shape("HYBRID_SHARD", 4, 4, 3)
 
 
-def test_mixed_precision_policies_cast_root_outputs_only() -> None:
+def test_mixed_precision_policies_leave_outputs_in_the_compute_dtype() -> None:
     units, root = sharding.mixed_precision_policies(torch.bfloat16)
     assert units.param_dtype == root.param_dtype == torch.bfloat16
     assert units.reduce_dtype == root.reduce_dtype == torch.float32
-    assert units.output_dtype is None and root.output_dtype == torch.float32
+    assert units.output_dtype is None and root.output_dtype is None  # no fp32 copy of the logits
+
+
+def test_autocast_is_left_to_units_only_where_the_policy_keeps_fp32() -> None:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    assert sharding.computes_in_low_precision(MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    assert sharding.computes_in_low_precision(MixedPrecisionPolicy(param_dtype=torch.float16))
+    assert not sharding.computes_in_low_precision(MixedPrecisionPolicy())  # fp32 shards: autocast does the work

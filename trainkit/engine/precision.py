@@ -117,7 +117,8 @@ def loss_in_float32(outputs: Any) -> Any:
 
     A model that computes its own loss (a mapping with a ``"loss"`` entry, like transformers' outputs)
     gets only that entry converted: the other entries (GPT-2's logits: 0.77 GiB and 1.3 ms per step on
-    an H100 at batch 8 x 1024 tokens) stay in the autocast dtype, as in a hand-written autocast loop,
+    an H100 at batch 8 x 1024 tokens) stay in the autocast dtype, as in a hand-written autocast loop
+    (under FSDP2 with a bf16/fp16 policy: in that dtype, as in a hand-written ``fully_shard`` loop),
     and ``.float()`` is one call away for whoever reads them. Any other output (a tensor, a tuple, a
     mapping without a loss) is what the caller computes the loss from, so all of it is converted.
     """

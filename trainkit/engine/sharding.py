@@ -2,9 +2,9 @@
 
 Nothing here holds state: :class:`trainkit.engine.strategies.fsdp.FSDPStrategy` calls these in order
 (choose units, keeping tied parameters in one group -> place or meta-move (re-tying) -> one dtype per
-group -> checkpoint activations -> ``fully_shard`` bottom-up -> wire prefetching); getting rank 0's
-weights onto the other ranks lives in :mod:`trainkit.engine.rank0_weights`. Each function does one
-FSDP2 step and can be tested alone.
+group -> checkpoint activations -> ``fully_shard`` bottom-up -> wire prefetching -> autocast off inside
+bf16/fp16 units); getting rank 0's weights onto the other ranks lives in
+:mod:`trainkit.engine.rank0_weights`. Each function does one FSDP2 step and can be tested alone.
 """
 
 from __future__ import annotations
@@ -223,16 +223,48 @@ def _group_parameters(group: nn.Module, unit_ids: set[int]) -> list[nn.Parameter
 
 # -- policies ---------------------------------------------------------------------------------------
 def mixed_precision_policies(dtype: torch.dtype | None) -> tuple[MixedPrecisionPolicy, MixedPrecisionPolicy]:
-    """(units' policy, root's policy): compute in ``dtype``, reduce gradients in fp32, root outputs in fp32.
+    """(units' policy, root's policy): compute in ``dtype``, reduce gradients in fp32; outputs stay in ``dtype``.
 
-    Only the root returns float32: units hand ``dtype`` activations to the next module, whose weights are
-    in ``dtype`` too. float32 model outputs mean a loss computed in the user's loop runs in full precision
-    (as under autocast); float32 reductions keep gradient sums exact across ranks.
+    Both are the same policy, the one a hand-written ``fully_shard`` loop uses. The root does not cast its
+    outputs to fp32 (``output_dtype``): that made an fp32 copy of every output, GPT-2's whole logits tensor
+    (batch x sequence x 50257) among them, alive as long as the outputs. The loss comes back in fp32 from
+    the engine instead (:func:`trainkit.engine.precision.loss_in_float32`); float32 reductions keep gradient
+    sums exact across ranks.
     """
     if dtype is None:
         return MixedPrecisionPolicy(), MixedPrecisionPolicy()
-    units = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    return units, MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32)
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    return policy, policy
+
+
+def computes_in_low_precision(policy: MixedPrecisionPolicy) -> bool:
+    """True when ``policy`` all-gathers parameters in bf16/fp16, so its units compute in that dtype."""
+    return policy.param_dtype in (torch.bfloat16, torch.float16)
+
+
+def run_without_autocast(units: Sequence[nn.Module], device_type: str) -> None:
+    """Turn autocast off inside each unit's forward (and its recomputation), restoring it afterwards.
+
+    Under a low-precision ``MixedPrecisionPolicy`` the units' parameters are already bf16/fp16, so autocast
+    adds nothing there but fp32 copies: on CUDA its fp32 op list (layer norm, ``pow`` in GPT-2's GELU,
+    softmax) casts activations up and saves them for backward. Outside the units (embeddings, heads, the
+    loss a model computes itself) autocast stays on, so losses are still computed in fp32. Hooks rather
+    than a replaced ``forward``: they survive ``copy.deepcopy`` and run again when activation checkpointing
+    recomputes the unit.
+    """
+    for unit in units:
+        saved: list[bool] = []
+
+        def enter(module: nn.Module, args: Any, saved: list[bool] = saved) -> None:
+            saved.append(torch.is_autocast_enabled(device_type))
+            torch.set_autocast_enabled(device_type, False)
+
+        def leave(module: nn.Module, args: Any, output: Any, saved: list[bool] = saved) -> None:
+            if saved:
+                torch.set_autocast_enabled(device_type, saved.pop())
+
+        unit.register_forward_pre_hook(enter)
+        unit.register_forward_hook(leave, always_call=True)
 
 
 def offload_policy(offload_params: bool, device: torch.device) -> OffloadPolicy:

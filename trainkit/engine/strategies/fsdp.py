@@ -6,11 +6,18 @@ that ``get_state_dict`` and sharded checkpoints (``torch.distributed.checkpoint`
 
 Mixed precision has two parts. FSDP2's ``MixedPrecisionPolicy`` decides storage and communication:
 parameters are all-gathered and computed in bf16/fp16 (half the all-gather bytes), gradients reduced
-in fp32, the root's outputs returned in fp32. Autocast stays on as well (``wants_autocast``), because it
-decides op precision: softmax, layer norm and cross-entropy inside the model run in fp32 under autocast.
-Without it a BERT loss computed inside the model is rounded to bf16: measured on the tests' BERT, the
-per-step loss differs from fp32 training by 4.2e-3 without autocast and by 7.5e-4 with it (DDP with
-autocast: 6.9e-4), at no measurable speed cost on CPU.
+in fp32; outputs stay in the compute dtype (no fp32 copy of the logits). Autocast decides op precision
+where the policy does not: it stays on at the root (embeddings, heads, a loss computed inside the model:
+cross-entropy runs in fp32) and is turned off inside the wrapped units, whose bf16 parameters already
+fix their precision: there CUDA autocast only adds fp32 copies of activations (layer norm, GPT-2's
+``pow``, softmax) saved for backward. Those copies and the root's former fp32 outputs made the step's
+peak 1.139x a hand-written ``fully_shard`` loop's on CPU with CUDA's fp32 list emulated, now 1.001x
+(``benchmarks/fsdp_step_memory.py``). The loss comes back in float32 (``loss_in_float32``).
+Measured on the tests' BERT (2 gloo ranks, 20 steps, CPU), the per-step loss differs from fp32 training
+by 5.2e-4 (DDP under autocast: 6.1e-4; the policy alone, no autocast, whose loss is rounded to bf16:
+4.2e-3). CPU autocast has no fp32 list for norms or softmax, so this does not show the GPU difference
+inside the units, where trainkit now computes as the hand-written loop does. With fp32 shards (a policy
+without ``param_dtype``), autocast stays on everywhere, as in Accelerate.
 """
 
 from __future__ import annotations
@@ -99,9 +106,10 @@ class FSDPStrategy(Strategy):
         # dimension holds one rank (one process, NO_SHARD) nothing was sharded, so that is pure cost
         # (measured: 24 % of a GPT-2 step on one H100).
         reshard = options.reshard_after_forward and shape[-1] > 1
+        mp_policies = self._mp_policies()
         sharding.shard_model(
             model, units, mesh, reshard_after_forward=reshard,
-            mp_policies=self._mp_policies(),
+            mp_policies=mp_policies,
             ignored_params={p for module in self.plugin.ignored_modules or [] for p in module.parameters()},
             offload=sharding.offload_policy(options.offload_params, self.device),
         )
@@ -111,6 +119,8 @@ class FSDPStrategy(Strategy):
             pretrained_loading.restore_from_pretrained()  # later loads (evaluation reloads) are real again
         sharding.wire_prefetch(units, forward_prefetch=options.forward_prefetch,
                                backward_prefetch=options.backward_prefetch)
+        if self.precision is not None and self.precision.enabled and sharding.computes_in_low_precision(mp_policies[0]):
+            sharding.run_without_autocast(units, self.device.type)  # the policy already decides their precision
         self._remember_replacements(originals, model)
         logger.info("FSDP2 %s on mesh %s: %d units %s", options.sharding_strategy, shape, len(units),
                     sharding.describe_units(units, model)[:4])
