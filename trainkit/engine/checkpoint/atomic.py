@@ -118,11 +118,17 @@ def begin_checkpoint(final_dir: str, replace: bool = False) -> str:
     return decide_on_rank0(f"start checkpoint {final_dir}", create)
 
 
+_HASH_CHUNK_BYTES = 1 << 20
+
+
 def _hash_file(path: str) -> str:
+    # Read in 1 MiB chunks (hashlib.file_digest does the same but needs Python 3.11; we support 3.10).
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        for chunk in iter(lambda: handle.read(_HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
         os.fsync(handle.fileno())  # durable before the rename publishes it
-    return digest
+    return digest.hexdigest()
 
 
 def _list_files(folder: str) -> list[str]:
