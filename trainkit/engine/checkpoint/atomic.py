@@ -69,9 +69,9 @@ def decide_on_rank0(action: str, function: Any) -> Any:
             outcome = (function(), None)
         except Exception as error:  # reported on every rank below, so nobody waits forever
             outcome = (None, f"{type(error).__name__}: {error}")
-    result, error = _all_gather(outcome)[0]
-    if error:
-        raise CheckpointError(f"Could not {action}: {error}")
+    result, failure = _all_gather(outcome)[0]
+    if failure:
+        raise CheckpointError(f"Could not {action}: {failure}")
     return result
 
 
