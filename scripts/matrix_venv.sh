@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the virtualenv of one CI matrix cell: a given Python, the pinned packages (torch,
 # transformers, ...), the project's other dependencies at whatever the resolver picks within pyproject.toml's
-# ranges, and pytest.
+# ranges, and what the tests need (pytest, psutil for the memory metrics).
 #   usage: scripts/matrix_venv.sh VENV PYTHON SPEC [SPEC...]      e.g. torch==2.11.0 transformers==5.17.0
 # The project itself is resolved with them (a pin outside its declared ranges fails here), then uninstalled:
 # the tests import trainkit from the checkout (pytest's pythonpath, the workers' PYTHONPATH), so one venv
@@ -28,7 +28,7 @@ fi
 echo "[matrix_venv] creating $VENV ($PYTHON $*)" >&2
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${pip[@]}" install "$@" ".[recipes]" "pytest>=8" "pytest-timeout>=2.3" 2>&1 \
+"${pip[@]}" install "$@" ".[recipes]" "pytest>=8" "pytest-timeout>=2.3" psutil 2>&1 \
   | { grep -v "^WARNING: Location" || true; } >&2
 "${pip[@]}" uninstall -y trainkit
 echo "$want" > "$stamp"
