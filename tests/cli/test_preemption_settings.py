@@ -12,6 +12,7 @@ import pytest
 
 from trainkit.cli.config_flags import flags_to_mapping
 from trainkit.cli.launch_command import add_arguments, torchrun_arguments
+from trainkit.cli.torchrun_compat import installed_torchrun_options
 from trainkit.cli.preemption_report import PreemptionReport
 from trainkit.config import ConfigError, LaunchConfig
 from trainkit.config.preemption import PREEMPTED_EXIT_CODE, parse_signal_names
@@ -37,8 +38,10 @@ def test_signal_names_are_normalised_and_bad_ones_named():
 
 
 def test_launcher_hands_signals_and_grace_period_to_torchruns_agent():
+    # A torchrun with both options (torch 2.13); older ones: tests/cli/test_torchrun_compat.py.
+    both = installed_torchrun_options() | {"--signals_to_handle", "--shutdown_timeout"}
     default = LaunchConfig.from_mapping({"num_processes": 2}, cuda_available=False)
-    argv = torchrun_arguments(default, _launch_args("t.py"))
+    argv = torchrun_arguments(default, _launch_args("t.py"), both)
     assert argv[argv.index("--signals_to_handle") + 1] == "SIGTERM,SIGINT,SIGUSR1,SIGHUP,SIGQUIT"
     assert argv[argv.index("--shutdown_timeout") + 1] == "90"
     # A YAML key, overridden by a flag; the flag wins and provenance says so.
@@ -47,7 +50,7 @@ def test_launcher_hands_signals_and_grace_period_to_torchruns_agent():
                                    (flags_to_mapping(args), "flag")], cuda_available=False)
     assert (config.preemption_signals, config.preemption_grace_period) == ("SIGUSR2", 300)
     assert config.source_of("preemption_signals") == "flag"
-    argv = torchrun_arguments(config, args)
+    argv = torchrun_arguments(config, args, both)
     assert argv[argv.index("--signals_to_handle") + 1] == "SIGUSR2,SIGHUP,SIGQUIT"
     assert argv[argv.index("--shutdown_timeout") + 1] == "300"
     # trainkit's own keys stay out of files at their defaults (accelerate launch rejects unknown keys).

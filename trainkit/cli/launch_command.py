@@ -22,6 +22,8 @@ from trainkit.config.preemption import PREEMPTION_REPORT_ENV
 
 from .config_flags import add_config_flags, resolve_config
 from .launch_settings import agent_settings_given, no_effect_notice
+from .signal_relay import SignalRelay, can_find_children
+from .torchrun_compat import SignalPlan, installed_torchrun_options, plan_signals, unknown_options
 from .worker import LAUNCHER_PID_ENV
 
 HELP = "Launch a training script on N processes (torchrun underneath), with Accelerate's flags and config files."
@@ -119,33 +121,47 @@ def _exec_single_process(args: argparse.Namespace) -> None:
     os.execv(sys.executable, command)
 
 
-def torchrun_arguments(config: LaunchConfig, args: argparse.Namespace) -> list[str]:
-    """The argv handed to ``torch.distributed.run`` for this launch."""
+def signal_plan(config: LaunchConfig, options: frozenset[str] | None = None) -> SignalPlan:
+    """How this launch's preemption signals reach the workers with the installed (or given) torchrun options."""
+    import torch
+
+    return plan_signals(config.preemption_signals, config.preemption_grace_period,
+                        installed_torchrun_options() if options is None else options,
+                        can_relay=can_find_children(), torch_version=torch.__version__)
+
+
+def torchrun_arguments(config: LaunchConfig, args: argparse.Namespace, options: frozenset[str] | None = None) -> list[str]:
+    """The argv handed to ``torch.distributed.run`` for this launch, using only options its parser has.
+
+    ``options``: the torchrun parser's option strings (default: the installed torch's).
+    """
+    known = installed_torchrun_options() if options is None else options
     argv = [
         "--nnodes", str(config.num_machines),
         "--nproc_per_node", str(config.processes_per_machine),
         "--max_restarts", str(config.max_restarts),
         "--monitor_interval", str(config.monitor_interval),
-        # The agent forwards these signals to every worker and waits this long before SIGKILL; the workers
-        # save and stop on them (docs/preemption.md). torchrun's own SIGHUP/SIGQUIT handling is kept.
-        "--signals_to_handle", _handled_signals(config.preemption_signals),
-        "--shutdown_timeout", str(config.preemption_grace_period),
+        # The agent forwards the preemption signals to every worker and waits the grace period before SIGKILL
+        # where this torchrun can (else the launcher's relay does); the workers save and stop on them
+        # (docs/preemption.md). torchrun's own SIGHUP/SIGQUIT handling is kept.
+        *signal_plan(config, known).torchrun_arguments,
     ]
     argv += _rendezvous_arguments(config)
     if args.tee is not None:
         argv += ["--tee", str(args.tee)]
     if args.log_dir is not None:
         argv += ["--log_dir", str(args.log_dir)]
+    unknown = unknown_options(argv, known)
+    if unknown:  # a bug in this module, not the user's: say which option and which torch
+        import torch
+
+        raise RuntimeError(f"trainkit launch would pass {', '.join(unknown)} to torch {torch.__version__}'s "
+                           "torchrun, whose parser lacks it.")
     argv += ["--module", "trainkit.cli.worker"]
     if args.module:
         argv.append("-m")
     argv.append(args.training_script)
     return argv + list(args.training_script_args)
-
-
-def _handled_signals(preemption_signals: str) -> str:
-    names = preemption_signals.split(",")
-    return ",".join(names + [name for name in ("SIGHUP", "SIGQUIT") if name not in names])
 
 
 def _rendezvous_arguments(config: LaunchConfig) -> list[str]:
@@ -188,7 +204,10 @@ def _run_torchrun(config: LaunchConfig, args: argparse.Namespace) -> int:
     from .failures import describe_failure, exit_status
     from .preemption_report import PreemptionReport
 
-    with PreemptionReport() as report:
+    plan = signal_plan(config)
+    if plan.notice:
+        print(plan.notice, file=sys.stderr)
+    with PreemptionReport() as report, SignalRelay(plan.relayed, config.preemption_grace_period):
         os.environ[PREEMPTION_REPORT_ENV] = report.folder
         try:
             torchrun(parse_args(torchrun_arguments(config, args)))

@@ -71,9 +71,9 @@ def decide_on_rank0(action: str, function: Any) -> Any:
             outcome = (function(), None)
         except Exception as error:  # reported on every rank below, so nobody waits forever
             outcome = (None, f"{type(error).__name__}: {error}")
-    result, error = _all_gather(outcome)[0]
-    if error:
-        raise CheckpointError(f"Could not {action}: {error}")
+    result, failure = _all_gather(outcome)[0]
+    if failure:
+        raise CheckpointError(f"Could not {action}: {failure}")
     return result
 
 
@@ -174,11 +174,17 @@ def set_aside_damaged_folder(final_dir: str) -> str:
     return aside
 
 
+_HASH_CHUNK_BYTES = 1 << 20
+
+
 def _hash_file(path: str) -> str:
+    # Read in 1 MiB chunks (hashlib.file_digest does the same but needs Python 3.11; we support 3.10).
+    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        for chunk in iter(lambda: handle.read(_HASH_CHUNK_BYTES), b""):
+            digest.update(chunk)
         os.fsync(handle.fileno())  # durable before the rename publishes it
-    return digest
+    return digest.hexdigest()
 
 
 def _list_files(folder: str) -> list[str]:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Run one compatibility cell of the CI matrix: its own venv (scripts/matrix_venv.sh, reused when unchanged)
+# and a subset of the tests, on CPU. The main job (Python 3.11, torch 2.13 CPU, newest transformers, whole
+# suite) is scripts/test.sh.
+#   usage: scripts/matrix.sh CELL [pytest args...]     CELL: gpu-image | oldest
+# Venvs live in $TRAINKIT_MATRIX_VENVS (default ~/.cache/trainkit/matrix), outside the checkout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYENV_VERSIONS=${PYENV_ROOT:-$HOME/.pyenv}/versions
+VENVS=${TRAINKIT_MATRIX_VENVS:-$HOME/.cache/trainkit/matrix}
+
+python_of() {  # the newest installed pyenv Python of a minor version, e.g. 3.12
+  local found
+  found=$(ls -d "$PYENV_VERSIONS/$1".* 2>/dev/null | sort -V | tail -1)
+  [ -n "$found" ] || { echo "[matrix] no Python $1 under $PYENV_VERSIONS" >&2; exit 3; }
+  echo "$found/bin/python"
+}
+
+cell=${1:-}
+shift || true
+case "$cell" in
+  gpu-image)
+    # The stack of the CUDA image users run (Python 3.12, torch 2.11, transformers 5.17), here on CPU:
+    # the oldest declared torch; launcher, checkpoints, preemption, FSDP, recipes.
+    python=$(python_of 3.12) specs=(torch==2.11.0 transformers==5.17.0)
+    # Left to the main job for time: the trainer's resume-at-every-step tests, the two slowest recipes and the
+    # FSDP strategy matrix (FSDP through the launcher is still run: the FSDP YAML launch and the sharded recipe).
+    tests=(tests/cli/test_cli_launch.py tests/cli/test_torchrun_compat.py tests/cli/test_preemption_settings.py
+           tests/cli/test_cli_units.py tests/trainer/test_preemption_processes.py tests/engine/test_preemption_engine.py
+           tests/engine/test_checkpoint_units.py tests/engine/test_checkpoint_processes.py
+           tests/trainer/test_checkpoints_processes.py tests/recipes/test_recipes.py tests/engine/test_fsdp_options.py
+           tests/trainer/test_arguments.py
+           -k "not test_imdb_trainer_with_the_fsdp_config_verbatim and not test_plain_and_accelerator_mnist_loops_reach")
+    ;;
+  oldest)
+    # The oldest declared Python, torch, transformers, datasets and evaluate (pyproject.toml's lower bounds):
+    # unit tests of every layer, the datasets-based ones, and one launch; no long multi-process chains.
+    python=$(python_of 3.10) specs=(torch==2.11.0 transformers==5.1.0 datasets==4.0.0 evaluate==0.4.6)
+    tests=(tests/config tests/cli/test_cli_units.py tests/cli/test_torchrun_compat.py tests/cli/test_preemption_settings.py
+           tests/engine/test_checkpoint_units.py tests/engine/test_accelerator_unit.py tests/engine/test_fsdp_options.py
+           tests/trainer/test_arguments.py tests/test_architecture.py tests/recipes/test_synthetic_data.py
+           tests/trainer/test_stream_units.py
+           "tests/cli/test_cli_launch.py::test_two_processes_with_flags_overriding_the_file")
+    ;;
+  *)
+    echo "usage: $0 gpu-image|oldest [pytest args...]" >&2
+    exit 2
+    ;;
+esac
+venv="$VENVS/$cell"
+bash scripts/matrix_venv.sh "$venv" "$python" "${specs[@]}"
+"$venv/bin/python" -c 'import sys, torch, transformers; print(f"[matrix] {sys.argv[1]}: Python {sys.version.split()[0]}, "
+  f"torch {torch.__version__}, transformers {transformers.__version__}")' "$cell"
+"$venv/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE "^(datasets|evaluate) " || true
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+exec "$venv/bin/python" -m pytest -p no:cacheprovider "${tests[@]}" "$@"
