@@ -147,7 +147,7 @@ def check_field_types(args: Any) -> None:
     TypeError; a string in a boolean field is worse, as ``fp16="False"`` is true. Nothing is guessed here:
     the message shows the value to pass instead.
     """
-    annotations = _declared_types(type(args))
+    annotations = _declared_types(args.__class__)
     for field_ in dataclasses.fields(args):
         allowed = _scalar_annotation(annotations.get(field_.name))
         value = getattr(args, field_.name)

@@ -121,10 +121,11 @@ def _enable_activation_checkpointing(model: nn.Module, kwargs: dict[str, Any]) -
 
     layer_options = requested_layer_options(kwargs)
     checkpoint_kwargs = {key: value for key, value in kwargs.items() if key not in CHECKPOINTING_LAYER_OPTIONS}
+    method: Callable[..., Any]
     if hasattr(model, "activation_checkpointing_enable"):
-        method, kwargs_name = model.activation_checkpointing_enable, "activation_checkpointing_kwargs"
+        method, kwargs_name = getattr(model, "activation_checkpointing_enable"), "activation_checkpointing_kwargs"
     elif hasattr(model, "gradient_checkpointing_enable"):
-        method, kwargs_name = model.gradient_checkpointing_enable, "gradient_checkpointing_kwargs"
+        method, kwargs_name = getattr(model, "gradient_checkpointing_enable"), "gradient_checkpointing_kwargs"
     else:
         raise ValueError(f"activation_checkpointing=True, but {type(model).__name__} has no "
                          "activation_checkpointing_enable() or gradient_checkpointing_enable().")
