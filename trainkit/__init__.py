@@ -38,6 +38,7 @@ _LAZY = {
     "InitProcessGroupKwargs": "trainkit.utils.dataclasses",
     "ProjectConfiguration": "trainkit.utils.dataclasses",
     "skip_first_batches": "trainkit.data_loader",
+    "synchronize_rng_states": "trainkit.utils.random",
     "Trainer": "trainkit.trainer",
     "TrainingArguments": "trainkit.trainer",
     "TrainerCallback": "trainkit.trainer",

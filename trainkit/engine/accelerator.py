@@ -27,6 +27,7 @@ from trainkit.engine import collectives
 from trainkit.engine.accumulation import GradientState, sum_across_processes
 from trainkit.engine.compat_options import announce_dataloader_options, resolve_compat_options
 from trainkit.engine.compile import compile_model
+from trainkit.engine.unwrapping import extract_model
 from trainkit.engine.configuration import announce, resolve_for_accelerator
 from trainkit.engine.deepspeed import (
     DummyOptim,
@@ -42,7 +43,7 @@ from trainkit.engine.identity import ProcessIdentity
 from trainkit.engine.precision import Precision
 from trainkit.engine.prepared import PreparedObjects
 from trainkit.engine.process_control import only_when, split_inputs
-from trainkit.engine.state import ProcessState
+from trainkit.engine.state import ProcessState, require_accelerator_state
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.tracker_api import TrackerAPI
 from trainkit.engine.tracking import GeneralTracker, resolve_log_with
@@ -180,7 +181,11 @@ class Accelerator(ProcessIdentity, TrackerAPI):
     # -- identity (device, process_index, ... come from ProcessIdentity) ---------------------------
     @property
     def distributed_type(self) -> DistributedType:
-        """NO, MULTI_CPU, MULTI_GPU, FSDP, or DEEPSPEED when a DeepSpeed config asked (run on DDP/FSDP2)."""
+        """NO, MULTI_CPU, MULTI_GPU, FSDP, or DEEPSPEED when a DeepSpeed config asked (run on DDP/FSDP2);
+        a value set on the state (``AcceleratorState().distributed_type = ...``) wins."""
+        require_accelerator_state("distributed_type")
+        if self.state._distributed_type_override is not None:
+            return self.state._distributed_type_override
         return DistributedType.DEEPSPEED if self.deepspeed is not None else self.strategy.distributed_type
 
     @property
@@ -312,6 +317,7 @@ class Accelerator(ProcessIdentity, TrackerAPI):
     # -- prepare ----------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Wrap models, optimizers, dataloaders and schedulers; return them in the order given."""
+        require_accelerator_state("distributed_type")
         placement = device_placement or [self.device_placement] * len(args)
         prepared: list[Any] = list(args)
         kinds: list[tuple[Any, Callable[[Any, bool], Any]]] = [
@@ -485,13 +491,12 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         yield split_inputs(inputs, self.process_index, self.num_processes, apply_padding)
 
     # -- models and state -------------------------------------------------------------------------
-    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
-        """The user's module inside the DDP/FSDP wrapper (and the autocast forward, unless kept)."""
-        inner = self.strategy.unwrap_model(model)
-        inner = getattr(inner, "_orig_mod", inner)  # torch.compile
-        if not keep_fp32_wrapper and hasattr(inner, "_trainkit_original_forward"):
-            inner.forward = inner.__dict__.pop("_trainkit_original_forward")
-        return inner
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool | None = None) -> nn.Module:
+        """The user's module inside the DDP/FSDP wrapper (and the autocast forward, unless kept); a
+        ``torch.compile`` wrapper stays around it only with ``keep_torch_compile=True``."""
+        return extract_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile,
+                             strategy_unwrap=self.strategy.unwrap_model)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full (unsharded) state dict with the user's key names."""

@@ -53,19 +53,21 @@ def gather_object(obj: Any) -> list[Any]:
     return gathered
 
 
-_REDUCTIONS = ("sum", "mean", "none")
+# Accelerate's reductions: "max" takes the element-wise maximum, "none" leaves each process's values.
+_REDUCTIONS = ("sum", "mean", "max", "none")
 
 
 @verify_operation
 def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """All-reduce every tensor (``sum`` or ``mean``) times ``scale``; returns new tensors."""
+    """All-reduce every tensor (``sum``, ``mean`` or element-wise ``max``; ``none`` copies) times ``scale``;
+    returns new tensors."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
 
     def _reduce(tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()
         if _world() > 1 and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            dist.all_reduce(out, op=dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
             if reduction == "mean":
                 out /= _world()
         if scale != 1.0:

@@ -13,6 +13,7 @@ from typing import Any
 from trainkit.config.deepspeed import DeepSpeedPlugin
 from trainkit.config.dynamo import TorchDynamoPlugin
 
+from . import constants as _constants
 from . import imports as _imports
 from .dataclasses import (
     AORecipeKwargs,
@@ -44,10 +45,12 @@ from .enums import (
 )
 from .memory import find_executable_batch_size, release_memory
 from .progress import tqdm
-from .random import set_seed
+from .random import set_seed, synchronize_rng_state, synchronize_rng_states
 
 _AVAILABILITY = {name: getattr(_imports, name) for name in dir(_imports) if name.startswith("is_")}
 globals().update(_AVAILABILITY)
+_CONSTANTS = {name: getattr(_constants, name) for name in dir(_constants) if name.isupper()}
+globals().update(_CONSTANTS)
 
 _LAZY = {
     "FullyShardedDataParallelPlugin": "trainkit.engine.fsdp_plugin",
@@ -57,6 +60,8 @@ _LAZY = {
     # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
     "DummyOptim": "trainkit.engine.deepspeed",
     "DummyScheduler": "trainkit.engine.deepspeed",
+    "is_compiled_module": "trainkit.engine.unwrapping",
+    "has_compiled_regions": "trainkit.engine.unwrapping",
     **{name: "trainkit.utils.operations" for name in (
         "DistributedOperationException", "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32",
         "copy_tensor_to_devices", "extract_model_from_parallel", "find_batch_size", "find_device", "gather",
@@ -71,7 +76,8 @@ __all__ = sorted([
     "InitProcessGroupKwargs", "KwargsHandler", "LoggerType", "MSAMPRecipeKwargs", "MegatronLMDummyScheduler",
     "MegatronLMPlugin", "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "RNGType",
     "SageMakerDistributedType", "TERecipeKwargs", "TorchDynamoPlugin", "find_executable_batch_size",
-    "release_memory", "set_seed", "tqdm", *_AVAILABILITY, *_LAZY,
+    "release_memory", "set_seed", "synchronize_rng_state", "synchronize_rng_states", "tqdm", *_AVAILABILITY,
+    *_CONSTANTS, *_LAZY,
 ])
 
 

@@ -122,19 +122,14 @@ def listify(data: Any) -> Any:
     return recursively_apply(lambda t: t.tolist(), data)
 
 
-def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True, **kwargs: Any) -> nn.Module:
-    """The user's module inside DDP / DataParallel / torch.compile (FSDP2 shards in place: the module itself)."""
-    inner = model
-    while True:
-        if isinstance(inner, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            inner = inner.module
-        elif hasattr(inner, "_orig_mod"):
-            inner = inner._orig_mod
-        else:
-            break
-    if not keep_fp32_wrapper and hasattr(inner, "_trainkit_original_forward"):
-        inner.forward = inner.__dict__.pop("_trainkit_original_forward")
-    return inner
+def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
+                                recursive: bool = False) -> nn.Module:
+    """The user's module inside DDP / DataParallel (FSDP2 shards in place: the module itself); a
+    ``torch.compile`` wrapper is kept around it unless ``keep_torch_compile=False``."""
+    from trainkit.engine.unwrapping import extract_model
+
+    return extract_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile,
+                         recursive=recursive)
 
 
 def wait_for_everyone() -> None:

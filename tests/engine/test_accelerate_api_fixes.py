@@ -1,0 +1,138 @@
+"""Accelerate API behaviours a user hit as gaps (issue 23): unwrap_model's compile option, the state resets,
+a settable distributed_type, reduce's reductions, synchronize_rng_states, the checkpoint file-name constants.
+
+CPU, one process, except :func:`test_collectives_and_rng_sync_on_two_gloo_ranks` (2 gloo ranks on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tests.distributed import run_torchrun
+from trainkit import Accelerator
+from trainkit.engine.state import ProcessState
+from trainkit.state import AcceleratorState, GradientState, PartialState
+
+WORKER = Path(__file__).parent / "workers" / "api_fix_checks.py"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    yield
+    ProcessState.reset()
+
+
+def test_unwrap_model_drops_a_compile_wrapper_unless_asked_to_keep_it():
+    accelerator = Accelerator(cpu=True)
+    model = nn.Linear(2, 2)
+    prepared = accelerator.prepare(torch.compile(model))
+    assert accelerator.unwrap_model(prepared) is model  # keep_torch_compile=None: Accelerate's default drops it
+    kept = accelerator.unwrap_model(prepared, keep_torch_compile=True)
+    assert kept is prepared and kept._orig_mod is model
+    assert accelerator.unwrap_model(model, keep_fp32_wrapper=False, keep_torch_compile=False) is model
+
+
+def test_unwrap_model_keep_fp32_wrapper_false_restores_the_original_forward():
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model = accelerator.prepare(nn.Linear(2, 2))
+    assert getattr(model.forward, "__func__", None) is not nn.Linear.forward  # the autocast forward
+    inner = accelerator.unwrap_model(model, keep_fp32_wrapper=False, keep_torch_compile=None)
+    assert inner.forward.__func__ is nn.Linear.forward
+    assert inner(torch.ones(1, 2)).grad_fn.name() == "AddmmBackward0"  # plain fp32 matmul, no autocast cast
+
+
+def test_prepare_after_accelerator_state_reset_raises_until_a_new_accelerator():
+    accelerator = Accelerator(cpu=True)
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError, match=r"_reset_state\(\)` was called"):
+        accelerator.prepare(nn.Linear(2, 2))
+    with pytest.raises(AttributeError, match="distributed_type"):
+        _ = accelerator.distributed_type
+    Accelerator(cpu=True)  # re-creates the state, as in Accelerate: the old Accelerator works again
+    assert isinstance(accelerator.prepare(nn.Linear(2, 2)), nn.Linear)
+
+
+def test_full_reset_forgets_the_process_state():
+    first = PartialState(cpu=True)
+    accelerator = Accelerator(cpu=True)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(AttributeError, match="AcceleratorState"):
+        accelerator.prepare(nn.Linear(2, 2))
+    assert PartialState(cpu=True) is not first
+    PartialState._reset_state()
+    assert ProcessState._instance is None
+
+
+def test_gradient_state_reset_gives_a_fresh_state():
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    assert GradientState() is accelerator.gradient_state
+    GradientState._reset_state()
+    fresh = GradientState()
+    assert fresh is not accelerator.gradient_state and fresh.sync_gradients
+    second = Accelerator(cpu=True)
+    assert GradientState() is second.gradient_state
+
+
+def test_distributed_type_is_settable_and_validated():
+    accelerator = Accelerator(cpu=True)
+    state = AcceleratorState()
+    state.distributed_type = "MULTI_GPU"
+    from trainkit.utils import DistributedType
+
+    assert state.distributed_type is DistributedType.MULTI_GPU
+    assert accelerator.distributed_type is DistributedType.MULTI_GPU and PartialState().distributed_type == "MULTI_GPU"
+    with pytest.raises(ValueError, match="MULTI_CPU"):
+        state.distributed_type = "MULTI_TPU"
+
+
+def test_reduce_accepts_accelerates_reductions_and_names_them_on_bad_input():
+    accelerator = Accelerator(cpu=True)
+    tensor = torch.tensor([1.0, 2.0])
+    for reduction in ("sum", "mean", "max", "none"):
+        assert accelerator.reduce(tensor, reduction=reduction).tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match="'max'"):
+        accelerator.reduce(tensor, reduction="product")
+
+
+def test_checkpoint_file_names_match_what_save_model_writes(tmp_path):
+    from trainkit.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.save_model(accelerator.prepare(nn.Linear(2, 2)), tmp_path)
+    assert (tmp_path / SAFE_WEIGHTS_NAME).is_file()
+    assert SAFE_WEIGHTS_INDEX_NAME == SAFE_WEIGHTS_NAME + ".index.json" and WEIGHTS_NAME.endswith(".bin")
+
+
+def test_synchronize_rng_states_on_one_process_keeps_the_state():
+    from trainkit.utils import synchronize_rng_states
+
+    generator = torch.Generator().manual_seed(3)
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
+    synchronize_rng_states(["torch", "generator"], generator=generator)
+    assert torch.equal(torch.rand(2), expected)
+    with pytest.raises(ValueError, match="generator"):
+        synchronize_rng_states(["generator"])
+    with pytest.raises(NotImplementedError, match="NPU"):
+        synchronize_rng_states(["npu"])
+
+
+@pytest.mark.multiprocess
+def test_collectives_and_rng_sync_on_two_gloo_ranks(tmp_path):
+    run_torchrun(WORKER, tmp_path, nproc=2, timeout=300)
+    r0, r1 = (json.loads((tmp_path / f"report_rank{r}.json").read_text()) for r in range(2))
+    for report in (r0, r1):
+        assert report["world"] == 2
+        assert report["accelerator_sum"] == [3.0, 7.0] and report["accelerator_mean"] == [1.5, 3.5]
+        assert report["accelerator_max"] == [2.0, 5.0] and report["utils_default"] == [1.5, 3.5]
+        assert "'max'" in report["bad_reduction"] and report["debug"] is True
+        assert "shapes differ" in report["mismatch"]
+    assert r0["accelerator_none"] == [1.0, 5.0] and r1["accelerator_none"] == [2.0, 2.0]
+    assert r0["before"][0] != r1["before"][0] and r0["before"][1] != r1["before"][1]
+    assert r0["after"] == r1["after"]  # both generators now follow rank 0's state
