@@ -28,6 +28,12 @@ def has_compiled_regions(module: nn.Module) -> bool:
     return any(is_compiled_module(child) for child in module.modules() if child is not module)
 
 
+def _compiled_inner(compiled: nn.Module) -> nn.Module:
+    inner = compiled._orig_mod
+    assert isinstance(inner, nn.Module)
+    return inner
+
+
 def _strip_parallel(model: nn.Module, strategy_unwrap: Callable[[nn.Module], nn.Module] | None) -> nn.Module:
     if strategy_unwrap is not None:
         model = strategy_unwrap(model)
@@ -52,12 +58,12 @@ def extract_model(model: nn.Module, *, keep_fp32_wrapper: bool = True, keep_torc
     ``keep_torch_compile`` truthy: a compile wrapper (outside or inside the parallel wrapper) is returned around
     the unwrapped module; falsy (None included, Accelerate's ``unwrap_model`` default): the bare module.
     """
-    compiled = None
+    compiled: nn.Module | None = None
     if is_compiled_module(model):
-        compiled, model = model, model._orig_mod
+        compiled, model = model, _compiled_inner(model)
     model = _strip_parallel(model, strategy_unwrap)
     if compiled is None and is_compiled_module(model):  # the script compiled before prepare
-        compiled, model = model, _strip_parallel(model._orig_mod, strategy_unwrap)
+        compiled, model = model, _strip_parallel(_compiled_inner(model), strategy_unwrap)
     if recursive:
         model = _unwrap_children(model)
     if not keep_fp32_wrapper and "_trainkit_original_forward" in model.__dict__:

@@ -175,7 +175,10 @@ class _AbsentFeature:
     reason = ""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(f"{type(self).__name__}: {self.reason}")
+        from trainkit.utils.unsupported import NOT_DRIVEN
+
+        name = type(self).__name__
+        raise NotImplementedError(f"{name}: {NOT_DRIVEN.get(name, self.reason)}.")
 
 
 class MegatronLMPlugin(_AbsentFeature):
@@ -206,3 +209,13 @@ class MSAMPRecipeKwargs(FP8RecipeKwargs):
 
 class AORecipeKwargs(FP8RecipeKwargs):
     """torchao fp8 recipe (see :class:`FP8RecipeKwargs`)."""
+
+
+def __getattr__(name: str) -> Any:
+    """Accelerate's dataclasses for features trainkit does not drive: placeholders that raise when constructed."""
+    from trainkit.utils.unsupported import NOT_DRIVEN, placeholder
+
+    if name in NOT_DRIVEN:
+        value = globals()[name] = placeholder(name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

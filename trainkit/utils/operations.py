@@ -18,7 +18,7 @@ from trainkit.engine import collectives
 from trainkit.engine.collectives import broadcast, broadcast_object_list, gather, gather_object, recursively_apply
 from trainkit.engine.data.device import send_to_device
 from trainkit.engine.operation_checks import DistributedOperationException, verify_operation
-from trainkit.engine.precision import to_float32 as convert_to_fp32
+from trainkit.engine.precision import to_float32
 
 __all__ = [
     "DistributedOperationException", "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32",
@@ -26,6 +26,11 @@ __all__ = [
     "gather_object", "honor_type", "is_torch_tensor", "listify", "pad_across_processes", "recursively_apply",
     "reduce", "save", "send_to_device", "slice_tensors", "verify_operation", "wait_for_everyone",
 ]
+
+
+def convert_to_fp32(tensor: Any) -> Any:
+    """Turn every float16/bfloat16 tensor of a nest into float32, keeping container types."""
+    return to_float32(tensor)
 
 
 def is_torch_tensor(tensor: Any) -> bool:
