@@ -27,13 +27,14 @@ def _fresh_state():
     ProcessState.reset()
 
 
-def test_unwrap_model_drops_a_compile_wrapper_unless_asked_to_keep_it():
+def test_unwrap_model_keeps_a_compile_wrapper_unless_told_not_to():
     accelerator = Accelerator(cpu=True)
     model = nn.Linear(2, 2)
     prepared = accelerator.prepare(torch.compile(model))
-    assert accelerator.unwrap_model(prepared) is model  # keep_torch_compile=None: Accelerate's default drops it
-    kept = accelerator.unwrap_model(prepared, keep_torch_compile=True)
+    kept = accelerator.unwrap_model(prepared)  # keep_torch_compile=True is Accelerate's default
     assert kept is prepared and kept._orig_mod is model
+    assert accelerator.unwrap_model(prepared, keep_torch_compile=None) is model  # None and False drop it
+    assert accelerator.unwrap_model(prepared, keep_torch_compile=False) is model
     assert accelerator.unwrap_model(model, keep_fp32_wrapper=False, keep_torch_compile=False) is model
 
 
@@ -136,3 +137,60 @@ def test_collectives_and_rng_sync_on_two_gloo_ranks(tmp_path):
     assert r0["accelerator_none"] == [1.0, 5.0] and r1["accelerator_none"] == [2.0, 2.0]
     assert r0["before"][0] != r1["before"][0] and r0["before"][1] != r1["before"][1]
     assert r0["after"] == r1["after"]  # both generators now follow rank 0's state
+
+
+def test_state_pre_hooks_see_the_models_and_write_into_the_checkpoint(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(nn.Linear(2, 2))
+    seen: dict = {}
+
+    def save_hook(models, weights, output_dir):
+        seen["saved"] = (len(models), sorted(weights[0]))
+        Path(output_dir, "extra.json").write_text("{}")
+
+    handle = accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(lambda models, input_dir: seen.setdefault("loaded", input_dir))
+    folder = accelerator.save_state(tmp_path / "ckpt")
+    assert seen["saved"] == (1, ["bias", "weight"]) and (Path(folder) / "extra.json").is_file()
+    accelerator.load_state(folder)
+    assert seen["loaded"] == folder
+    handle.remove()
+    seen.clear()
+    accelerator.save_state(tmp_path / "ckpt")
+    assert "saved" not in seen
+    accelerator.register_save_state_pre_hook(lambda models, weights, output_dir: models.pop())
+    with pytest.raises(NotImplementedError, match="removed models"):
+        accelerator.save_state(tmp_path / "other")
+    assert model is not None
+
+
+def test_accelerator_attributes_under_accelerates_names():
+    from trainkit.utils import DataLoaderConfiguration, ProjectConfiguration
+
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(non_blocking=True),
+                              project_config=ProjectConfiguration(iteration=3))
+    assert accelerator.non_blocking is True and accelerator.use_stateful_dataloader is False
+    assert accelerator.save_iteration == 3 and accelerator.should_save_model is True
+    assert accelerator.is_fsdp2 is False and accelerator.multi_device is False
+    assert accelerator.parallelism_config is None and accelerator.torch_device_mesh is None
+    ran = []
+    accelerator.on_local_process(lambda: ran.append("local0"), local_process_index=0)()
+    accelerator.on_process(process_index=1)(lambda: ran.append("p1"))()
+    accelerator.on_main_process()(lambda: ran.append("main"))()
+    assert ran == ["local0", "main"]
+    with pytest.raises(ValueError, match="process_index"):
+        accelerator.on_process(lambda: None)
+    with accelerator.maybe_context_parallel():
+        pass
+    model = nn.Linear(2, 2)
+    assert accelerator.verify_device_map(model) is False
+    model.hf_device_map = {"a": 0, "b": "cpu"}
+    assert accelerator.verify_device_map(model) is True
+    with pytest.raises(RuntimeError, match="process_index"):
+        _ = accelerator.data_parallel_rank
+
+
+@pytest.mark.parametrize("argument", ["torch_tp_plugin", "parallelism_config", "deepspeed_plugins"])
+def test_parallelism_arguments_trainkit_does_not_drive_are_refused(argument):
+    with pytest.raises(NotImplementedError, match=argument):
+        Accelerator(cpu=True, **{argument: object()})
