@@ -133,7 +133,7 @@ def test_collectives_and_rng_sync_on_two_gloo_ranks(tmp_path):
         assert report["accelerator_sum"] == [3.0, 7.0] and report["accelerator_mean"] == [1.5, 3.5]
         assert report["accelerator_max"] == [2.0, 5.0] and report["utils_default"] == [1.5, 3.5]
         assert "'max'" in report["bad_reduction"] and report["debug"] is True
-        assert "shapes differ" in report["mismatch"]
+        assert "shapes differ" in report["mismatch"] and report["held_shape"] == [3, 2]
     assert r0["accelerator_none"] == [1.0, 5.0] and r1["accelerator_none"] == [2.0, 2.0]
     assert r0["before"][0] != r1["before"][0] and r0["before"][1] != r1["before"][1]
     assert r0["after"] == r1["after"]  # both generators now follow rank 0's state

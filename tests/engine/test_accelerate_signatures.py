@@ -106,54 +106,39 @@ NOT_YET_MIRRORED = frozenset("""
     accelerate.tracking.MLflowTracker accelerate.tracking.SwanLabTracker accelerate.tracking.TensorBoardTracker
     accelerate.tracking.TrackioTracker accelerate.tracking.WandBTracker accelerate.tracking.filter_trackers
     accelerate.tracking.get_available_trackers accelerate.tracking.on_main_process
-    accelerate.tracking.register_tracker_class accelerate.utils.CannotPadNestedTensorWarning
-    accelerate.utils.CustomDtype accelerate.utils.DeepSpeedPlugin
-    accelerate.utils.FullyShardedDataParallelPlugin accelerate.utils.GatheredParameters
-    accelerate.utils.TensorInformation accelerate.utils.TorchDynamoPlugin
+    accelerate.tracking.register_tracker_class accelerate.utils.CustomDtype accelerate.utils.DeepSpeedPlugin
+    accelerate.utils.FullyShardedDataParallelPlugin accelerate.utils.TorchDynamoPlugin
     accelerate.utils.are_libraries_initialized accelerate.utils.check_cuda_p2p_ib_support
     accelerate.utils.check_os_kernel accelerate.utils.clean_state_dict_for_safetensors
     accelerate.utils.clear_environment accelerate.utils.compare_versions accelerate.utils.compile_regions
     accelerate.utils.compile_regions_deepspeed accelerate.utils.compute_module_sizes
     accelerate.utils.convert_bytes accelerate.utils.convert_dict_to_env_variables
-    accelerate.utils.convert_file_size_to_int accelerate.utils.convert_outputs_to_fp32
-    accelerate.utils.dataclasses.BaseEnum accelerate.utils.dataclasses.CustomDtype
-    accelerate.utils.dataclasses.DeepSpeedPlugin accelerate.utils.dataclasses.EnumWithContains
-    accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
+    accelerate.utils.convert_file_size_to_int accelerate.utils.dataclasses.BaseEnum
+    accelerate.utils.dataclasses.CustomDtype accelerate.utils.dataclasses.DeepSpeedPlugin
+    accelerate.utils.dataclasses.EnumWithContains accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
     accelerate.utils.dataclasses.MODEL_CONFIGS_TO_MEGATRON_PARSERS
     accelerate.utils.dataclasses.TensorInformation accelerate.utils.dataclasses.TorchDynamoPlugin
     accelerate.utils.dataclasses.get_module_class_from_name accelerate.utils.deepspeed_required
     accelerate.utils.dtype_byte_size accelerate.utils.ensure_weights_retied
     accelerate.utils.extract_submodules_state_dict accelerate.utils.find_executable_batch_size
     accelerate.utils.find_tied_parameters accelerate.utils.get_cpu_distributed_information
-    accelerate.utils.get_current_device_type accelerate.utils.get_data_structure accelerate.utils.get_gpu_info
-    accelerate.utils.get_grad_scaler accelerate.utils.get_int_from_env
-    accelerate.utils.get_module_children_bottom_up accelerate.utils.get_pretty_name
-    accelerate.utils.id_tensor_storage accelerate.utils.ignorant_find_batch_size
-    accelerate.utils.initialize_tensors accelerate.utils.is_4bit_bnb_available
+    accelerate.utils.get_current_device_type accelerate.utils.get_gpu_info accelerate.utils.get_grad_scaler
+    accelerate.utils.get_int_from_env accelerate.utils.get_module_children_bottom_up
+    accelerate.utils.get_pretty_name accelerate.utils.id_tensor_storage accelerate.utils.is_4bit_bnb_available
     accelerate.utils.is_8bit_bnb_available accelerate.utils.is_amdsmi_available
     accelerate.utils.is_bitsandbytes_multi_backend_available accelerate.utils.is_bnb_available
     accelerate.utils.is_habana_gaudi1 accelerate.utils.is_hpu_available
-    accelerate.utils.is_import_timer_available accelerate.utils.is_lomo_available accelerate.utils.is_namedtuple
+    accelerate.utils.is_import_timer_available accelerate.utils.is_lomo_available
     accelerate.utils.is_npu_available accelerate.utils.is_peft_model accelerate.utils.is_pippy_available
     accelerate.utils.is_port_in_use accelerate.utils.is_rocm_available accelerate.utils.is_sagemaker_available
-    accelerate.utils.is_tensor_information accelerate.utils.is_torch_xla_available
-    accelerate.utils.is_transformer_engine_mxfp8_available accelerate.utils.is_weights_only_available
-    accelerate.utils.is_xccl_available accelerate.utils.is_xpu_available accelerate.utils.load
-    accelerate.utils.load_state_dict accelerate.utils.merge_dicts accelerate.utils.merge_fsdp_weights
-    accelerate.utils.model_has_dtensor accelerate.utils.named_module_tensors
-    accelerate.utils.operations.CannotPadNestedTensorWarning accelerate.utils.operations.ConvertOutputsToFp32
-    accelerate.utils.operations.GatheredParameters accelerate.utils.operations.chained_operation
-    accelerate.utils.operations.convert_outputs_to_fp32 accelerate.utils.operations.gather_tensor_shape
-    accelerate.utils.operations.get_data_structure accelerate.utils.operations.get_shape
-    accelerate.utils.operations.ignorant_find_batch_size accelerate.utils.operations.initialize_tensors
-    accelerate.utils.operations.is_namedtuple accelerate.utils.operations.is_tensor_information
-    accelerate.utils.operations.is_torch_xpu_tensor accelerate.utils.operations.pad_input_tensors
-    accelerate.utils.operations.recursively_apply accelerate.utils.operations.send_to_device
-    accelerate.utils.pad_input_tensors accelerate.utils.parse_choice_from_env
+    accelerate.utils.is_torch_xla_available accelerate.utils.is_transformer_engine_mxfp8_available
+    accelerate.utils.is_weights_only_available accelerate.utils.is_xccl_available
+    accelerate.utils.is_xpu_available accelerate.utils.load accelerate.utils.load_state_dict
+    accelerate.utils.merge_dicts accelerate.utils.merge_fsdp_weights accelerate.utils.model_has_dtensor
+    accelerate.utils.named_module_tensors accelerate.utils.parse_choice_from_env
     accelerate.utils.parse_flag_from_env accelerate.utils.patch_environment
     accelerate.utils.purge_accelerate_environment accelerate.utils.recursive_getattr
-    accelerate.utils.recursively_apply accelerate.utils.retie_parameters accelerate.utils.send_to_device
-    accelerate.utils.set_module_tensor_to_device accelerate.utils.str_to_bool
+    accelerate.utils.retie_parameters accelerate.utils.set_module_tensor_to_device accelerate.utils.str_to_bool
     accelerate.utils.write_basic_config
 """.split())
 PLAIN_DATA = (str, bytes, int, float, bool, type(None), tuple, list, dict, set, frozenset)

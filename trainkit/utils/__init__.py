@@ -63,10 +63,13 @@ _LAZY = {
     "is_compiled_module": "trainkit.engine.unwrapping",
     "has_compiled_regions": "trainkit.engine.unwrapping",
     **{name: "trainkit.utils.operations" for name in (
-        "DistributedOperationException", "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32",
-        "copy_tensor_to_devices", "extract_model_from_parallel", "find_batch_size", "find_device", "gather",
-        "gather_object", "honor_type", "is_torch_tensor", "listify", "pad_across_processes", "recursively_apply",
-        "reduce", "save", "send_to_device", "slice_tensors", "verify_operation", "wait_for_everyone")},
+        "CannotPadNestedTensorWarning", "ConvertOutputsToFp32", "DistributedOperationException", "GatheredParameters",
+        "TensorInformation", "broadcast", "broadcast_object_list", "chained_operation", "concatenate",
+        "convert_outputs_to_fp32", "convert_to_fp32", "copy_tensor_to_devices", "extract_model_from_parallel",
+        "find_batch_size", "find_device", "gather", "gather_object", "gather_tensor_shape", "get_data_structure",
+        "honor_type", "ignorant_find_batch_size", "initialize_tensors", "is_namedtuple", "is_tensor_information",
+        "is_torch_tensor", "listify", "pad_across_processes", "pad_input_tensors", "recursively_apply", "reduce",
+        "save", "send_to_device", "slice_tensors", "verify_operation", "wait_for_everyone")},
 }
 
 __all__ = sorted([

@@ -1,7 +1,7 @@
 """Accelerate API names fixed for issue 23, in real processes: 2 gloo ranks on CPU under torchrun.
 
 ``reduce`` with every reduction Accelerate accepts, ``synchronize_rng_states`` for the global torch generator
-and a user generator, and debug mode's ``DistributedOperationException`` from ``trainkit.utils.operations``.
+and a user generator, ``gather_tensor_shape`` of a tensor one rank holds, and debug mode's ``DistributedOperationException`` from ``trainkit.utils.operations``.
 Each rank writes ``report_rank<i>.json`` for tests/engine/test_accelerate_api_fixes.py to assert on.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 from trainkit import Accelerator, synchronize_rng_states
 from trainkit.utils import reduce
-from trainkit.utils.operations import DistributedOperationException, gather
+from trainkit.utils.operations import DistributedOperationException, gather, gather_tensor_shape
 
 OUT = Path(sys.argv[1])
 accelerator = Accelerator(cpu=True)
@@ -37,6 +37,8 @@ generator = torch.Generator().manual_seed(200 + rank)  # ...and a different user
 report["before"] = [torch.rand(1).item(), torch.rand(1, generator=generator).item()]
 synchronize_rng_states(["torch", "generator"], generator=generator)
 report["after"] = [torch.rand(1).item(), torch.rand(1, generator=generator).item()]
+
+report["held_shape"] = gather_tensor_shape(torch.zeros(3, 2) if rank == 1 else None).tolist()
 
 os.environ["ACCELERATE_DEBUG_MODE"] = "1"
 report["debug"] = accelerator.state.debug
