@@ -108,38 +108,29 @@ NOT_YET_MIRRORED = frozenset("""
     accelerate.tracking.get_available_trackers accelerate.tracking.on_main_process
     accelerate.tracking.register_tracker_class accelerate.utils.CustomDtype accelerate.utils.DeepSpeedPlugin
     accelerate.utils.FullyShardedDataParallelPlugin accelerate.utils.TorchDynamoPlugin
-    accelerate.utils.are_libraries_initialized accelerate.utils.check_cuda_p2p_ib_support
-    accelerate.utils.check_os_kernel accelerate.utils.clean_state_dict_for_safetensors
-    accelerate.utils.clear_environment accelerate.utils.compare_versions accelerate.utils.compile_regions
-    accelerate.utils.compile_regions_deepspeed accelerate.utils.compute_module_sizes
-    accelerate.utils.convert_bytes accelerate.utils.convert_dict_to_env_variables
-    accelerate.utils.convert_file_size_to_int accelerate.utils.dataclasses.BaseEnum
-    accelerate.utils.dataclasses.CustomDtype accelerate.utils.dataclasses.DeepSpeedPlugin
-    accelerate.utils.dataclasses.EnumWithContains accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
+    accelerate.utils.check_cuda_p2p_ib_support accelerate.utils.clean_state_dict_for_safetensors
+    accelerate.utils.compute_module_sizes accelerate.utils.convert_file_size_to_int
+    accelerate.utils.dataclasses.BaseEnum accelerate.utils.dataclasses.CustomDtype
+    accelerate.utils.dataclasses.DeepSpeedPlugin accelerate.utils.dataclasses.EnumWithContains
+    accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
     accelerate.utils.dataclasses.MODEL_CONFIGS_TO_MEGATRON_PARSERS
     accelerate.utils.dataclasses.TensorInformation accelerate.utils.dataclasses.TorchDynamoPlugin
-    accelerate.utils.dataclasses.get_module_class_from_name accelerate.utils.deepspeed_required
-    accelerate.utils.dtype_byte_size accelerate.utils.ensure_weights_retied
-    accelerate.utils.extract_submodules_state_dict accelerate.utils.find_executable_batch_size
-    accelerate.utils.find_tied_parameters accelerate.utils.get_cpu_distributed_information
-    accelerate.utils.get_current_device_type accelerate.utils.get_gpu_info accelerate.utils.get_grad_scaler
-    accelerate.utils.get_int_from_env accelerate.utils.get_module_children_bottom_up
-    accelerate.utils.get_pretty_name accelerate.utils.id_tensor_storage accelerate.utils.is_4bit_bnb_available
+    accelerate.utils.dataclasses.get_module_class_from_name accelerate.utils.dtype_byte_size
+    accelerate.utils.ensure_weights_retied accelerate.utils.extract_submodules_state_dict
+    accelerate.utils.find_executable_batch_size accelerate.utils.find_tied_parameters
+    accelerate.utils.get_cpu_distributed_information accelerate.utils.get_gpu_info
+    accelerate.utils.get_grad_scaler accelerate.utils.get_module_children_bottom_up
+    accelerate.utils.id_tensor_storage accelerate.utils.is_4bit_bnb_available
     accelerate.utils.is_8bit_bnb_available accelerate.utils.is_amdsmi_available
     accelerate.utils.is_bitsandbytes_multi_backend_available accelerate.utils.is_bnb_available
     accelerate.utils.is_habana_gaudi1 accelerate.utils.is_hpu_available
     accelerate.utils.is_import_timer_available accelerate.utils.is_lomo_available
-    accelerate.utils.is_npu_available accelerate.utils.is_peft_model accelerate.utils.is_pippy_available
-    accelerate.utils.is_port_in_use accelerate.utils.is_rocm_available accelerate.utils.is_sagemaker_available
-    accelerate.utils.is_torch_xla_available accelerate.utils.is_transformer_engine_mxfp8_available
-    accelerate.utils.is_weights_only_available accelerate.utils.is_xccl_available
-    accelerate.utils.is_xpu_available accelerate.utils.load accelerate.utils.load_state_dict
-    accelerate.utils.merge_dicts accelerate.utils.merge_fsdp_weights accelerate.utils.model_has_dtensor
-    accelerate.utils.named_module_tensors accelerate.utils.parse_choice_from_env
-    accelerate.utils.parse_flag_from_env accelerate.utils.patch_environment
-    accelerate.utils.purge_accelerate_environment accelerate.utils.recursive_getattr
-    accelerate.utils.retie_parameters accelerate.utils.set_module_tensor_to_device accelerate.utils.str_to_bool
-    accelerate.utils.write_basic_config
+    accelerate.utils.is_npu_available accelerate.utils.is_pippy_available accelerate.utils.is_rocm_available
+    accelerate.utils.is_sagemaker_available accelerate.utils.is_torch_xla_available
+    accelerate.utils.is_transformer_engine_mxfp8_available accelerate.utils.is_weights_only_available
+    accelerate.utils.is_xccl_available accelerate.utils.is_xpu_available accelerate.utils.load
+    accelerate.utils.load_state_dict accelerate.utils.model_has_dtensor accelerate.utils.named_module_tensors
+    accelerate.utils.retie_parameters accelerate.utils.set_module_tensor_to_device
 """.split())
 PLAIN_DATA = (str, bytes, int, float, bool, type(None), tuple, list, dict, set, frozenset)
 

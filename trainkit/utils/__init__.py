@@ -43,7 +43,32 @@ from .enums import (
     RNGType,
     SageMakerDistributedType,
 )
+from .environment import (
+    are_libraries_initialized,
+    check_os_kernel,
+    clear_environment,
+    convert_dict_to_env_variables,
+    get_current_device_type,
+    get_int_from_env,
+    parse_choice_from_env,
+    parse_flag_from_env,
+    patch_environment,
+    purge_accelerate_environment,
+    str_to_bool,
+)
 from .memory import find_executable_batch_size, release_memory
+from .other import (
+    compare_versions,
+    compile_regions,
+    compile_regions_deepspeed,
+    convert_bytes,
+    deepspeed_required,
+    get_pretty_name,
+    is_peft_model,
+    is_port_in_use,
+    merge_dicts,
+    recursive_getattr,
+)
 from .progress import tqdm
 from .random import set_seed, synchronize_rng_state, synchronize_rng_states
 
@@ -79,7 +104,11 @@ __all__ = sorted([
     "InitProcessGroupKwargs", "KwargsHandler", "LoggerType", "MSAMPRecipeKwargs", "MegatronLMDummyScheduler",
     "MegatronLMPlugin", "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "RNGType",
     "SageMakerDistributedType", "TERecipeKwargs", "TorchDynamoPlugin", "find_executable_batch_size",
-    "release_memory", "set_seed", "synchronize_rng_state", "synchronize_rng_states", "tqdm", *_AVAILABILITY,
+    "release_memory", "set_seed", "synchronize_rng_state", "are_libraries_initialized", "check_os_kernel",
+    "clear_environment", "compare_versions", "compile_regions", "compile_regions_deepspeed", "convert_bytes",
+    "convert_dict_to_env_variables", "deepspeed_required", "get_current_device_type", "get_int_from_env",
+    "get_pretty_name", "is_peft_model", "is_port_in_use", "merge_dicts", "parse_choice_from_env",
+    "parse_flag_from_env", "patch_environment", "purge_accelerate_environment", "recursive_getattr", "str_to_bool", "synchronize_rng_states", "tqdm", *_AVAILABILITY,
     *_CONSTANTS, *_LAZY,
 ])
 

@@ -62,9 +62,10 @@ def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type
         return honor_type(data, (recursively_apply(func, item, *args, test_type=test_type,
                                                    error_on_other_type=error_on_other_type, **kwargs) for item in data))
     if isinstance(data, Mapping):
-        return type(data)({key: recursively_apply(func, value, *args, test_type=test_type,
-                                                  error_on_other_type=error_on_other_type, **kwargs)
-                           for key, value in data.items()})
+        mapping_type: Any = type(data)  # dict, OrderedDict, BatchEncoding...: rebuilt from a plain dict
+        return mapping_type({key: recursively_apply(func, value, *args, test_type=test_type,
+                                                    error_on_other_type=error_on_other_type, **kwargs)
+                             for key, value in data.items()})
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:

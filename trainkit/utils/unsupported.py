@@ -60,6 +60,12 @@ NOT_DRIVEN.update({name: _FSDP1 for name in (
     "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict", "fsdp2_prepare_model",
     "fsdp2_switch_optimizer_parameters", "get_fsdp2_grad_scaler", "compile_regions_fsdp2",
     "enable_fsdp_ram_efficient_loading", "disable_fsdp_ram_efficient_loading")})
+NOT_DRIVEN.update({
+    "write_basic_config": "trainkit writes its launch config from the command line: `trainkit config --default` "
+                          "(the same YAML keys as Accelerate's)",
+    "merge_fsdp_weights": "trainkit merges its own sharded checkpoints from the command line: "
+                          "`trainkit merge-weights CHECKPOINT OUTPUT`",
+})
 
 
 def _refuse(name: str) -> NoReturn:
