@@ -120,17 +120,9 @@ NOT_YET_MIRRORED = frozenset("""
     accelerate.utils.find_executable_batch_size accelerate.utils.find_tied_parameters
     accelerate.utils.get_cpu_distributed_information accelerate.utils.get_gpu_info
     accelerate.utils.get_grad_scaler accelerate.utils.get_module_children_bottom_up
-    accelerate.utils.id_tensor_storage accelerate.utils.is_4bit_bnb_available
-    accelerate.utils.is_8bit_bnb_available accelerate.utils.is_amdsmi_available
-    accelerate.utils.is_bitsandbytes_multi_backend_available accelerate.utils.is_bnb_available
-    accelerate.utils.is_habana_gaudi1 accelerate.utils.is_hpu_available
-    accelerate.utils.is_import_timer_available accelerate.utils.is_lomo_available
-    accelerate.utils.is_npu_available accelerate.utils.is_pippy_available accelerate.utils.is_rocm_available
-    accelerate.utils.is_sagemaker_available accelerate.utils.is_torch_xla_available
-    accelerate.utils.is_transformer_engine_mxfp8_available accelerate.utils.is_weights_only_available
-    accelerate.utils.is_xccl_available accelerate.utils.is_xpu_available accelerate.utils.load
-    accelerate.utils.load_state_dict accelerate.utils.model_has_dtensor accelerate.utils.named_module_tensors
-    accelerate.utils.retie_parameters accelerate.utils.set_module_tensor_to_device
+    accelerate.utils.id_tensor_storage accelerate.utils.load accelerate.utils.load_state_dict
+    accelerate.utils.model_has_dtensor accelerate.utils.named_module_tensors accelerate.utils.retie_parameters
+    accelerate.utils.set_module_tensor_to_device
 """.split())
 PLAIN_DATA = (str, bytes, int, float, bool, type(None), tuple, list, dict, set, frozenset)
 

@@ -82,3 +82,17 @@ def test_compile_regions_compiles_each_repeated_block_in_place():
 def test_command_line_features_point_to_the_command(name, hint):
     with pytest.raises(NotImplementedError, match=hint):
         getattr(utils, name)()
+
+
+def test_hardware_predicates_answer_false_for_hardware_trainkit_does_not_drive():
+    for name in ("is_hpu_available", "is_habana_gaudi1", "is_transformer_engine_mxfp8_available", "is_xccl_available",
+                 "is_pippy_available", "is_bitsandbytes_multi_backend_available", "is_mlu_available", "is_fp8_available"):
+        assert getattr(utils, name)() is False, name
+    assert utils.is_hpu_available(init_hccl=True) is False
+    if not utils.is_package_available("torch_npu"):
+        assert utils.is_npu_available(check_device=True) is False
+    if not utils.is_package_available("torch_xla"):
+        assert utils.is_torch_xla_available(check_is_tpu=True) is False
+    if not utils.is_package_available("bitsandbytes"):
+        assert utils.is_bnb_available(min_version="0.39.0") is False and utils.is_4bit_bnb_available() is False
+    assert utils.is_weights_only_available() is True
