@@ -363,7 +363,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         for model in self._models:
             self.strategy.rebind_optimizer(optimizer, model)
         optimizer = shard_optimizer_state(self.deepspeed, optimizer, self.num_processes)  # ZeRO-1
-        prepared = PreparedOptimizer(optimizer, self.precision, self.gradient_state)
+        prepared = PreparedOptimizer(optimizer, precision=self.precision, gradient_state=self.gradient_state)
         prepared.placeholder = placeholder
         prepared.before_step = clipping_before_step(self.deepspeed, optimizer, self.clip_grad_norm_)
         self._optimizers.append(prepared)
@@ -377,7 +377,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         optimizers = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer
                       or getattr(opt, "placeholder", None) is scheduler.optimizer] or self._optimizers
         steps = 1 if self.split_batches or built else self.num_processes
-        prepared = PreparedScheduler(scheduler, optimizers, self.gradient_state, steps_per_call=steps,
+        prepared = PreparedScheduler(scheduler, optimizers, gradient_state=self.gradient_state, steps_per_call=steps,
                                      step_with_optimizer=self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)
         return prepared
