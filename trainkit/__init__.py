@@ -39,6 +39,7 @@ _LAZY = {
     "ProjectConfiguration": "trainkit.utils.dataclasses",
     "skip_first_batches": "trainkit.data_loader",
     "synchronize_rng_states": "trainkit.utils.random",
+    "is_rich_available": "trainkit.utils.imports",
     "Trainer": "trainkit.trainer",
     "TrainingArguments": "trainkit.trainer",
     "TrainerCallback": "trainkit.trainer",

@@ -9,13 +9,40 @@ same object's. ``GradientState()`` returns the accumulation state of the newest 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from trainkit.engine.accumulation import GradientState as _EngineGradientState
 from trainkit.engine.state import ProcessState
 from trainkit.utils.enums import DistributedType
 
-__all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessState"]
+__all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessState",
+           "ThreadLocalSharedDict", "do_nothing", "is_initialized"]
+
+
+def is_initialized() -> bool:
+    """True once an Accelerator has set up the state (and no ``AcceleratorState._reset_state()`` since)."""
+    state = ProcessState._instance
+    return state is not None and state.accelerator is not None and not state.accelerator_state_cleared
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Accept anything, do nothing (a placeholder callback)."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A class-level dict, one per thread, used as a descriptor: every instance of the owning class reads and
+    writes the same dict (Accelerate's shared-state pattern for thread-per-device setups)."""
+
+    def __init__(self, thread_local: bool = False) -> None:
+        self._storage: dict[str, Any] = {}
+
+    def __get__(self, obj: Any, objtype: Any = None) -> dict[str, Any]:
+        return self._storage
+
+    def __set__(self, obj: Any, value: dict[str, Any]) -> None:
+        self._storage = value
 
 
 class _SharedStateAlias(type):

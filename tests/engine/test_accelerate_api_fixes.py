@@ -194,3 +194,37 @@ def test_accelerator_attributes_under_accelerates_names():
 def test_parallelism_arguments_trainkit_does_not_drive_are_refused(argument):
     with pytest.raises(NotImplementedError, match=argument):
         Accelerator(cpu=True, **{argument: object()})
+
+
+def test_state_module_helpers():
+    from trainkit.state import ThreadLocalSharedDict, do_nothing, is_initialized
+
+    ProcessState.reset()
+    assert is_initialized() is False
+    accelerator = Accelerator(cpu=True)
+    assert is_initialized() is True and do_nothing(1, key=2) is None
+    AcceleratorState._reset_state()
+    assert is_initialized() is False
+
+    class Shared:
+        state = ThreadLocalSharedDict()
+
+    first, second = Shared(), Shared()
+    first.state["key"] = 1
+    assert second.state == {"key": 1} and Shared.state is first.state
+    assert accelerator is not None
+
+
+def test_state_deepspeed_plugin_lookup_and_fsdp2_flag():
+    from trainkit.utils import DeepSpeedPlugin
+
+    state = Accelerator(cpu=True).state
+    assert state.is_fsdp2 is False and state.deepspeed_plugins == {}
+    with pytest.raises(ValueError, match="DeepSpeed config"):
+        state.get_deepspeed_plugin("default")
+    plugin = DeepSpeedPlugin(zero_stage=0)
+    Accelerator(cpu=True, deepspeed_plugin=plugin)
+    assert AcceleratorState().get_deepspeed_plugin("default") is plugin
+    AcceleratorState().select_deepspeed_plugin()
+    with pytest.raises(KeyError, match="other"):
+        AcceleratorState().select_deepspeed_plugin("other")

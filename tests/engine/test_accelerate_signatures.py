@@ -74,18 +74,14 @@ NOT_YET_MIRRORED = frozenset("""
     accelerate.data_loader.IterableDatasetShard accelerate.data_loader.SkipBatchSampler
     accelerate.data_loader.SkipDataLoader accelerate.data_loader.get_sampler
     accelerate.find_executable_batch_size accelerate.init_empty_weights accelerate.init_on_device
-    accelerate.is_rich_available accelerate.notebook_launcher
-    accelerate.state.AcceleratorState.get_deepspeed_plugin accelerate.state.AcceleratorState.is_fsdp2
-    accelerate.state.AcceleratorState.select_deepspeed_plugin accelerate.state.GradientState.adjust_scheduler
+    accelerate.notebook_launcher accelerate.state.GradientState.adjust_scheduler
     accelerate.state.GradientState.dataloader_references accelerate.state.GradientState.initialized
     accelerate.state.GradientState.is_xla_gradients_synced accelerate.state.GradientState.num_steps
-    accelerate.state.GradientState.sync_with_dataloader accelerate.state.PartialState.on_last_process
-    accelerate.state.ThreadLocalSharedDict accelerate.state.do_nothing accelerate.state.is_initialized
-    accelerate.tracking.AimTracker accelerate.tracking.ClearMLTracker accelerate.tracking.CometMLTracker
-    accelerate.tracking.DVCLiveTracker accelerate.tracking.GeneralTracker
-    accelerate.tracking.LOGGER_TYPE_TO_CLASS accelerate.tracking.MLflowTracker
-    accelerate.tracking.SwanLabTracker accelerate.tracking.TensorBoardTracker accelerate.tracking.TrackioTracker
-    accelerate.tracking.WandBTracker accelerate.tracking.filter_trackers
+    accelerate.state.GradientState.sync_with_dataloader accelerate.tracking.AimTracker
+    accelerate.tracking.ClearMLTracker accelerate.tracking.CometMLTracker accelerate.tracking.DVCLiveTracker
+    accelerate.tracking.GeneralTracker accelerate.tracking.LOGGER_TYPE_TO_CLASS
+    accelerate.tracking.MLflowTracker accelerate.tracking.SwanLabTracker accelerate.tracking.TensorBoardTracker
+    accelerate.tracking.TrackioTracker accelerate.tracking.WandBTracker accelerate.tracking.filter_trackers
     accelerate.tracking.get_available_trackers accelerate.tracking.on_main_process
     accelerate.tracking.register_tracker_class accelerate.utils.CustomDtype accelerate.utils.DeepSpeedPlugin
     accelerate.utils.FullyShardedDataParallelPlugin accelerate.utils.TorchDynamoPlugin

@@ -94,6 +94,31 @@ class AccelerateStateAPI:
                              f"{[member.value for member in DistributedType]}") from None
 
     @property
+    def is_fsdp2(self) -> bool:
+        """True when the model is sharded: trainkit's FSDP is always FSDP2."""
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def deepspeed_plugins(self) -> dict[str, Any]:
+        """The DeepSpeed configs by name: ``{"default": plugin}`` for a run with one, else empty."""
+        plugin = getattr(self, "deepspeed_plugin", None)
+        return {"default": plugin} if plugin is not None else {}
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """The DeepSpeed config called ``name`` (trainkit runs one, called "default")."""
+        plugins = self.deepspeed_plugins
+        if not plugins:
+            raise ValueError("get_deepspeed_plugin needs a DeepSpeed config: pass deepspeed_plugin=DeepSpeedPlugin(...) "
+                             "to the Accelerator.")
+        if name not in plugins:
+            raise KeyError(f"no DeepSpeed config named {name!r}; trainkit runs one, named {list(plugins)}")
+        return plugins[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Activate the DeepSpeed config ``name``: with one config (trainkit's case) it is always the active one."""
+        self.get_deepspeed_plugin("default" if name is None else name)
+
+    @property
     def mixed_precision(self) -> str:
         """The Accelerator's mixed precision ("no" before one exists)."""
         accelerator = self.accelerator
@@ -150,7 +175,7 @@ class AccelerateStateAPI:
         """Decorator: run ``function`` on each machine's first process only."""
         return self._only_on(lambda: self.local_rank == 0, function)
 
-    def on_last_process(self, function: Callable | None = None) -> Callable:
+    def on_last_process(self, function: Callable) -> Callable:
         """Decorator: run ``function`` on the highest global rank only."""
         return self._only_on(lambda: self.rank == self.world_size - 1, function)
 
