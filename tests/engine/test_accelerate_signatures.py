@@ -54,6 +54,9 @@ ALLOWED_DIFFERENCES: dict[str, str] = {
                                                           "and an explicit 1 still overrides it (Accelerate: 1)",
     "accelerate.Accelerator(cpu)": "None means \"not set\", so `trainkit launch --cpu` applies and an explicit False "
                                    "still overrides it (Accelerate: False)",
+    "accelerate.tracking.LOGGER_TYPE_TO_CLASS": "maps the same names to trainkit's tracker classes, for the trackers "
+                                                "trainkit has built in (others are registered by the script)",
+    "accelerate.utils.dataclasses.MODEL_CONFIGS_TO_MEGATRON_PARSERS": "Megatron-LM is not driven by trainkit",
     "InitProcessGroupKwargs": "backend defaults to None: trainkit picks the backend from the device (gloo on CPU, "
                               "nccl on CUDA) instead of Accelerate's 'nccl'",
 }
@@ -77,20 +80,13 @@ NOT_YET_MIRRORED = frozenset("""
     accelerate.notebook_launcher accelerate.state.GradientState.adjust_scheduler
     accelerate.state.GradientState.dataloader_references accelerate.state.GradientState.initialized
     accelerate.state.GradientState.is_xla_gradients_synced accelerate.state.GradientState.num_steps
-    accelerate.state.GradientState.sync_with_dataloader accelerate.tracking.AimTracker
-    accelerate.tracking.ClearMLTracker accelerate.tracking.CometMLTracker accelerate.tracking.DVCLiveTracker
-    accelerate.tracking.GeneralTracker accelerate.tracking.LOGGER_TYPE_TO_CLASS
-    accelerate.tracking.MLflowTracker accelerate.tracking.SwanLabTracker accelerate.tracking.TensorBoardTracker
-    accelerate.tracking.TrackioTracker accelerate.tracking.WandBTracker accelerate.tracking.filter_trackers
-    accelerate.tracking.get_available_trackers accelerate.tracking.on_main_process
-    accelerate.tracking.register_tracker_class accelerate.utils.CustomDtype accelerate.utils.DeepSpeedPlugin
-    accelerate.utils.FullyShardedDataParallelPlugin accelerate.utils.TorchDynamoPlugin
-    accelerate.utils.check_cuda_p2p_ib_support accelerate.utils.clean_state_dict_for_safetensors
-    accelerate.utils.compute_module_sizes accelerate.utils.convert_file_size_to_int
-    accelerate.utils.dataclasses.BaseEnum accelerate.utils.dataclasses.CustomDtype
-    accelerate.utils.dataclasses.DeepSpeedPlugin accelerate.utils.dataclasses.EnumWithContains
-    accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
-    accelerate.utils.dataclasses.MODEL_CONFIGS_TO_MEGATRON_PARSERS
+    accelerate.state.GradientState.sync_with_dataloader accelerate.utils.CustomDtype
+    accelerate.utils.DeepSpeedPlugin accelerate.utils.FullyShardedDataParallelPlugin
+    accelerate.utils.TorchDynamoPlugin accelerate.utils.check_cuda_p2p_ib_support
+    accelerate.utils.clean_state_dict_for_safetensors accelerate.utils.compute_module_sizes
+    accelerate.utils.convert_file_size_to_int accelerate.utils.dataclasses.BaseEnum
+    accelerate.utils.dataclasses.CustomDtype accelerate.utils.dataclasses.DeepSpeedPlugin
+    accelerate.utils.dataclasses.EnumWithContains accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
     accelerate.utils.dataclasses.TensorInformation accelerate.utils.dataclasses.TorchDynamoPlugin
     accelerate.utils.dataclasses.get_module_class_from_name accelerate.utils.dtype_byte_size
     accelerate.utils.ensure_weights_retied accelerate.utils.extract_submodules_state_dict

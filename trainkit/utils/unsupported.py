@@ -66,6 +66,10 @@ NOT_DRIVEN.update({
     "merge_fsdp_weights": "trainkit merges its own sharded checkpoints from the command line: "
                           "`trainkit merge-weights CHECKPOINT OUTPUT`",
 })
+NOT_DRIVEN.update({
+    f"{product}Tracker": f"trainkit has no built-in {product} tracker; subclass trainkit.tracking.GeneralTracker "
+                         "and pass an instance in log_with (or register it with register_tracker_class)"
+    for product in ("Aim", "ClearML", "CometML", "DVCLive", "SwanLab", "Trackio")})
 
 
 def _refuse(name: str) -> NoReturn:
