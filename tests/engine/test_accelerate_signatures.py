@@ -75,27 +75,16 @@ NOT_YET_MIRRORED = frozenset("""
     accelerate.data_loader.DataLoaderShard.total_batch_size
     accelerate.data_loader.DataLoaderShard.total_dataset_length accelerate.data_loader.DataLoaderStateMixin
     accelerate.data_loader.IterableDatasetShard accelerate.data_loader.SkipBatchSampler
-    accelerate.data_loader.SkipDataLoader accelerate.data_loader.get_sampler
-    accelerate.find_executable_batch_size accelerate.init_empty_weights accelerate.init_on_device
-    accelerate.notebook_launcher accelerate.state.GradientState.adjust_scheduler
-    accelerate.state.GradientState.dataloader_references accelerate.state.GradientState.initialized
-    accelerate.state.GradientState.is_xla_gradients_synced accelerate.state.GradientState.num_steps
-    accelerate.state.GradientState.sync_with_dataloader accelerate.utils.CustomDtype
+    accelerate.data_loader.SkipDataLoader accelerate.data_loader.get_sampler accelerate.notebook_launcher
+    accelerate.state.GradientState.adjust_scheduler accelerate.state.GradientState.dataloader_references
+    accelerate.state.GradientState.initialized accelerate.state.GradientState.is_xla_gradients_synced
+    accelerate.state.GradientState.num_steps accelerate.state.GradientState.sync_with_dataloader
     accelerate.utils.DeepSpeedPlugin accelerate.utils.FullyShardedDataParallelPlugin
-    accelerate.utils.TorchDynamoPlugin accelerate.utils.check_cuda_p2p_ib_support
-    accelerate.utils.clean_state_dict_for_safetensors accelerate.utils.compute_module_sizes
-    accelerate.utils.convert_file_size_to_int accelerate.utils.dataclasses.BaseEnum
+    accelerate.utils.TorchDynamoPlugin accelerate.utils.dataclasses.BaseEnum
     accelerate.utils.dataclasses.CustomDtype accelerate.utils.dataclasses.DeepSpeedPlugin
     accelerate.utils.dataclasses.EnumWithContains accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
     accelerate.utils.dataclasses.TensorInformation accelerate.utils.dataclasses.TorchDynamoPlugin
-    accelerate.utils.dataclasses.get_module_class_from_name accelerate.utils.dtype_byte_size
-    accelerate.utils.ensure_weights_retied accelerate.utils.extract_submodules_state_dict
-    accelerate.utils.find_executable_batch_size accelerate.utils.find_tied_parameters
-    accelerate.utils.get_cpu_distributed_information accelerate.utils.get_gpu_info
-    accelerate.utils.get_grad_scaler accelerate.utils.get_module_children_bottom_up
-    accelerate.utils.id_tensor_storage accelerate.utils.load accelerate.utils.load_state_dict
-    accelerate.utils.model_has_dtensor accelerate.utils.named_module_tensors accelerate.utils.retie_parameters
-    accelerate.utils.set_module_tensor_to_device
+    accelerate.utils.dataclasses.get_module_class_from_name
 """.split())
 PLAIN_DATA = (str, bytes, int, float, bool, type(None), tuple, list, dict, set, frozenset)
 

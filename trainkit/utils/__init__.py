@@ -45,10 +45,14 @@ from .enums import (
 )
 from .environment import (
     are_libraries_initialized,
+    check_cuda_p2p_ib_support,
     check_os_kernel,
     clear_environment,
     convert_dict_to_env_variables,
+    get_cpu_distributed_information,
     get_current_device_type,
+    get_gpu_info,
+    get_grad_scaler,
     get_int_from_env,
     parse_choice_from_env,
     parse_flag_from_env,
@@ -85,6 +89,11 @@ _LAZY = {
     # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
     "DummyOptim": "trainkit.engine.deepspeed",
     "DummyScheduler": "trainkit.engine.deepspeed",
+    **{name: "trainkit.utils.model_tensors" for name in (
+        "CustomDtype", "clean_state_dict_for_safetensors", "compute_module_sizes", "convert_file_size_to_int",
+        "dtype_byte_size", "extract_submodules_state_dict", "find_tied_parameters", "get_module_children_bottom_up",
+        "id_tensor_storage", "load", "load_state_dict", "model_has_dtensor", "named_module_tensors",
+        "retie_parameters")},
     "is_compiled_module": "trainkit.engine.unwrapping",
     "has_compiled_regions": "trainkit.engine.unwrapping",
     **{name: "trainkit.utils.operations" for name in (
@@ -105,6 +114,7 @@ __all__ = sorted([
     "MegatronLMPlugin", "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "RNGType",
     "SageMakerDistributedType", "TERecipeKwargs", "TorchDynamoPlugin", "find_executable_batch_size",
     "release_memory", "set_seed", "synchronize_rng_state", "are_libraries_initialized", "check_os_kernel",
+    "check_cuda_p2p_ib_support", "get_cpu_distributed_information", "get_gpu_info", "get_grad_scaler",
     "clear_environment", "compare_versions", "compile_regions", "compile_regions_deepspeed", "convert_bytes",
     "convert_dict_to_env_variables", "deepspeed_required", "get_current_device_type", "get_int_from_env",
     "get_pretty_name", "is_peft_model", "is_port_in_use", "merge_dicts", "parse_choice_from_env",

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 logger = logging.getLogger(__name__)
 
@@ -146,3 +146,54 @@ def check_os_kernel() -> None:
     if version < (5, 5):
         logger.warning("Linux kernel %s is older than 5.5, the minimum recommended: processes may hang.",
                        platform.release())
+
+
+class CPUInformation(NamedTuple):
+    """This process's place in a multi-process CPU job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def get_cpu_distributed_information() -> CPUInformation:
+    """Rank, world size, local rank and local world size from torchrun's or an MPI launcher's variables."""
+    return CPUInformation(
+        rank=get_int_from_env(["RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK"], 0),
+        world_size=get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1),
+        local_rank=get_int_from_env(["LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK",
+                                     "MV2_COMM_WORLD_LOCAL_RANK"], 0),
+        local_world_size=get_int_from_env(["LOCAL_WORLD_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE",
+                                           "MV2_COMM_WORLD_LOCAL_SIZE"], 1))
+
+
+def get_gpu_info() -> tuple[list[str], int]:
+    """(names, count) of the NVIDIA GPUs ``nvidia-smi`` lists, without initialising CUDA; ([], 0) without it."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return [], 0
+    output = subprocess.check_output([smi, "--query-gpu=name", "--format=csv,noheader"], text=True).strip()
+    names = [line.strip() for line in output.splitlines() if line.strip()]
+    return names, len(names)
+
+
+def check_cuda_p2p_ib_support() -> bool:
+    """False when several consumer RTX 40xx GPUs are present (their peer-to-peer/InfiniBand paths hang NCCL
+    with older drivers; set NCCL_P2P_DISABLE=1 and NCCL_IB_DISABLE=1 there), else True."""
+    names, count = get_gpu_info()
+    return not (count > 1 and any("RTX 40" in name for name in names))
+
+
+def get_grad_scaler(distributed_type: Any = None, **kwargs: Any) -> Any:
+    """The fp16 loss scaler for the run: FSDP's sharded scaler for FSDP, else torch's for CUDA or CPU."""
+    import torch
+
+    if str(getattr(distributed_type, "value", distributed_type)) == "FSDP":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(**kwargs)
+    return torch.amp.GradScaler("cuda" if torch.cuda.is_available() else "cpu", **kwargs)

@@ -46,7 +46,7 @@ NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "check_device_map", "get_balanced_memory", "get_max_memory", "offload_state_dict", "offload_weight",
     "load_offloaded_weight", "load_offloaded_weights", "save_offload_index", "has_offloaded_params",
     "align_module_device", "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
-    "check_tied_parameters_in_config", "get_mixed_precision_context_manager")})
+    "check_tied_parameters_in_config", "get_mixed_precision_context_manager", "set_module_tensor_to_device")})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
     "ParallelismConfig", "TorchTensorParallelPlugin", "TorchTensorParallelConfig", "TorchContextParallelConfig",
     "DeepSpeedSequenceParallelConfig", "get_model_tp_size")})
@@ -59,7 +59,7 @@ NOT_DRIVEN.update({name: _FSDP1 for name in (
     "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer", "fsdp2_apply_ac",
     "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict", "fsdp2_prepare_model",
     "fsdp2_switch_optimizer_parameters", "get_fsdp2_grad_scaler", "compile_regions_fsdp2",
-    "enable_fsdp_ram_efficient_loading", "disable_fsdp_ram_efficient_loading")})
+    "enable_fsdp_ram_efficient_loading", "disable_fsdp_ram_efficient_loading", "ensure_weights_retied")})
 NOT_DRIVEN.update({
     "write_basic_config": "trainkit writes its launch config from the command line: `trainkit config --default` "
                           "(the same YAML keys as Accelerate's)",
