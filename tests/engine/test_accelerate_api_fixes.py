@@ -228,3 +228,29 @@ def test_state_deepspeed_plugin_lookup_and_fsdp2_flag():
     AcceleratorState().select_deepspeed_plugin()
     with pytest.raises(KeyError, match="other"):
         AcceleratorState().select_deepspeed_plugin("other")
+
+
+def test_gradient_state_answers_accelerates_attributes():
+    from torch.utils.data import DataLoader
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    state = GradientState()
+    assert state.num_steps == 2 and state.sync_with_dataloader and state.adjust_scheduler and state.initialized
+    assert state.is_xla_gradients_synced is False and state.dataloader_references == [None]
+    loader = accelerator.prepare(DataLoader(list(range(4)), batch_size=2))
+    for _ in loader:
+        assert state.dataloader_references == [None, loader]
+    assert state.dataloader_references == [None]
+
+
+def test_dataclasses_module_names():
+    from trainkit.utils import dataclasses as tk_dataclasses
+    from trainkit.utils.enums import LoggerType
+
+    assert isinstance(LoggerType, tk_dataclasses.EnumWithContains) and issubclass(LoggerType, tk_dataclasses.BaseEnum)
+    model = nn.Sequential(nn.Linear(1, 1), nn.Sequential(nn.ReLU()))
+    assert tk_dataclasses.get_module_class_from_name(model, "ReLU") is nn.ReLU
+    assert tk_dataclasses.get_module_class_from_name(model, "Conv2d") is None
+    from trainkit import FullyShardedDataParallelPlugin
+
+    assert tk_dataclasses.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin

@@ -76,15 +76,9 @@ NOT_YET_MIRRORED = frozenset("""
     accelerate.data_loader.DataLoaderShard.total_dataset_length accelerate.data_loader.DataLoaderStateMixin
     accelerate.data_loader.IterableDatasetShard accelerate.data_loader.SkipBatchSampler
     accelerate.data_loader.SkipDataLoader accelerate.data_loader.get_sampler accelerate.notebook_launcher
-    accelerate.state.GradientState.adjust_scheduler accelerate.state.GradientState.dataloader_references
-    accelerate.state.GradientState.initialized accelerate.state.GradientState.is_xla_gradients_synced
-    accelerate.state.GradientState.num_steps accelerate.state.GradientState.sync_with_dataloader
     accelerate.utils.DeepSpeedPlugin accelerate.utils.FullyShardedDataParallelPlugin
-    accelerate.utils.TorchDynamoPlugin accelerate.utils.dataclasses.BaseEnum
-    accelerate.utils.dataclasses.CustomDtype accelerate.utils.dataclasses.DeepSpeedPlugin
-    accelerate.utils.dataclasses.EnumWithContains accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
-    accelerate.utils.dataclasses.TensorInformation accelerate.utils.dataclasses.TorchDynamoPlugin
-    accelerate.utils.dataclasses.get_module_class_from_name
+    accelerate.utils.TorchDynamoPlugin accelerate.utils.dataclasses.DeepSpeedPlugin
+    accelerate.utils.dataclasses.FullyShardedDataParallelPlugin accelerate.utils.dataclasses.TorchDynamoPlugin
 """.split())
 PLAIN_DATA = (str, bytes, int, float, bool, type(None), tuple, list, dict, set, frozenset)
 
