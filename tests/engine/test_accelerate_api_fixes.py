@@ -254,3 +254,16 @@ def test_dataclasses_module_names():
     from trainkit import FullyShardedDataParallelPlugin
 
     assert tk_dataclasses.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
+
+
+@pytest.mark.multiprocess
+def test_notebook_launcher_takes_accelerates_rendezvous_arguments(monkeypatch):
+    from tests.engine.workers.launched_function import rank_sum
+    from trainkit import notebook_launcher
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # 2 CPU processes with gloo
+    results = notebook_launcher(rank_sum, (10,), num_processes=2, rdzv_backend="static", rdzv_id="tk-test",
+                                monitor_interval=0.05, max_restarts=0)
+    assert results == {0: (0, 2, 21.0), 1: (1, 2, 21.0)}
+    with pytest.raises(ValueError, match="etcd"):
+        notebook_launcher(rank_sum, (0,), num_processes=2, rdzv_backend="etcd")

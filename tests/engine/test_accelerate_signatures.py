@@ -57,6 +57,8 @@ ALLOWED_DIFFERENCES: dict[str, str] = {
     "accelerate.tracking.LOGGER_TYPE_TO_CLASS": "maps the same names to trainkit's tracker classes, for the trackers "
                                                 "trainkit has built in (others are registered by the script)",
     "accelerate.utils.dataclasses.MODEL_CONFIGS_TO_MEGATRON_PARSERS": "Megatron-LM is not driven by trainkit",
+    "accelerate.notebook_launcher(use_port)": "None picks a free port, so two launches on one machine never collide "
+                                              "(Accelerate: '29500')",
     "InitProcessGroupKwargs": "backend defaults to None: trainkit picks the backend from the device (gloo on CPU, "
                               "nccl on CUDA) instead of Accelerate's 'nccl'",
 }
@@ -75,10 +77,10 @@ NOT_YET_MIRRORED = frozenset("""
     accelerate.data_loader.DataLoaderShard.total_batch_size
     accelerate.data_loader.DataLoaderShard.total_dataset_length accelerate.data_loader.DataLoaderStateMixin
     accelerate.data_loader.IterableDatasetShard accelerate.data_loader.SkipBatchSampler
-    accelerate.data_loader.SkipDataLoader accelerate.data_loader.get_sampler accelerate.notebook_launcher
-    accelerate.utils.DeepSpeedPlugin accelerate.utils.FullyShardedDataParallelPlugin
-    accelerate.utils.TorchDynamoPlugin accelerate.utils.dataclasses.DeepSpeedPlugin
-    accelerate.utils.dataclasses.FullyShardedDataParallelPlugin accelerate.utils.dataclasses.TorchDynamoPlugin
+    accelerate.data_loader.SkipDataLoader accelerate.data_loader.get_sampler accelerate.utils.DeepSpeedPlugin
+    accelerate.utils.FullyShardedDataParallelPlugin accelerate.utils.TorchDynamoPlugin
+    accelerate.utils.dataclasses.DeepSpeedPlugin accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
+    accelerate.utils.dataclasses.TorchDynamoPlugin
 """.split())
 PLAIN_DATA = (str, bytes, int, float, bool, type(None), tuple, list, dict, set, frozenset)
 
