@@ -267,3 +267,13 @@ def test_notebook_launcher_takes_accelerates_rendezvous_arguments(monkeypatch):
     assert results == {0: (0, 2, 21.0), 1: (1, 2, 21.0)}
     with pytest.raises(ValueError, match="etcd"):
         notebook_launcher(rank_sum, (0,), num_processes=2, rdzv_backend="etcd")
+
+
+def test_plugin_defaults_left_unset_mean_accelerates_defaults():
+    from trainkit.utils import DeepSpeedPlugin, TorchDynamoPlugin
+
+    plugin = TorchDynamoPlugin()  # backend/fullgraph/use_regional_compilation default to None, as in Accelerate
+    assert (plugin.backend, plugin.fullgraph, plugin.use_regional_compilation, plugin.enabled) == ("no", False, False,
+                                                                                                   False)
+    assert TorchDynamoPlugin(backend="EAGER", fullgraph=True).compile_kwargs()["fullgraph"] is True
+    assert DeepSpeedPlugin(zero_stage=0).enable_msamp is None

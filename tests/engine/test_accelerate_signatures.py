@@ -77,8 +77,7 @@ NOT_YET_MIRRORED = frozenset("""
     accelerate.data_loader.DataLoaderShard.total_dataset_length accelerate.data_loader.DataLoaderStateMixin
     accelerate.data_loader.IterableDatasetShard accelerate.data_loader.SkipBatchSampler
     accelerate.data_loader.SkipDataLoader accelerate.data_loader.get_sampler
-    accelerate.utils.FullyShardedDataParallelPlugin accelerate.utils.TorchDynamoPlugin
-    accelerate.utils.dataclasses.FullyShardedDataParallelPlugin accelerate.utils.dataclasses.TorchDynamoPlugin
+    accelerate.utils.FullyShardedDataParallelPlugin accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
 """.split())
 PLAIN_DATA = (str, bytes, int, float, bool, type(None), tuple, list, dict, set, frozenset)
 
