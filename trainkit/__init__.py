@@ -38,6 +38,8 @@ _LAZY = {
     "InitProcessGroupKwargs": "trainkit.utils.dataclasses",
     "ProjectConfiguration": "trainkit.utils.dataclasses",
     "skip_first_batches": "trainkit.data_loader",
+    "synchronize_rng_states": "trainkit.utils.random",
+    "is_rich_available": "trainkit.utils.imports",
     "Trainer": "trainkit.trainer",
     "TrainingArguments": "trainkit.trainer",
     "TrainerCallback": "trainkit.trainer",
@@ -53,6 +55,11 @@ __all__ = sorted(_LAZY)
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
+        from trainkit.utils.unsupported import NOT_DRIVEN, placeholder  # names of features trainkit does not drive
+
+        if name in NOT_DRIVEN:
+            globals()[name] = placeholder(name)
+            return globals()[name]
         raise AttributeError(f"module 'trainkit' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), _RENAMED.get(name, name))
     globals()[name] = value

@@ -9,13 +9,40 @@ same object's. ``GradientState()`` returns the accumulation state of the newest 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from trainkit.engine.accumulation import GradientState as _EngineGradientState
 from trainkit.engine.state import ProcessState
 from trainkit.utils.enums import DistributedType
 
-__all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessState"]
+__all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessState",
+           "ThreadLocalSharedDict", "do_nothing", "is_initialized"]
+
+
+def is_initialized() -> bool:
+    """True once an Accelerator has set up the state (and no ``AcceleratorState._reset_state()`` since)."""
+    state = ProcessState._instance
+    return state is not None and state.accelerator is not None and not state.accelerator_state_cleared
+
+
+def do_nothing(*args: Any, **kwargs: Any) -> None:
+    """Accept anything, do nothing (a placeholder callback)."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A class-level dict, one per thread, used as a descriptor: every instance of the owning class reads and
+    writes the same dict (Accelerate's shared-state pattern for thread-per-device setups)."""
+
+    def __init__(self, thread_local: bool = False) -> None:
+        self._storage: dict[str, Any] = {}
+
+    def __get__(self, obj: Any, objtype: Any = None) -> dict[str, Any]:
+        return self._storage
+
+    def __set__(self, obj: Any, value: dict[str, Any]) -> None:
+        self._storage = value
 
 
 class _SharedStateAlias(type):
@@ -45,7 +72,12 @@ class AcceleratorState(PartialState):
     """Accelerate's ``AcceleratorState()``: the same process state; Accelerator-level values come from
     the newest Accelerator (``distributed_type``, ``mixed_precision``, ``fsdp_plugin``)."""
 
-    def __new__(cls, mixed_precision: str | None = None, cpu: bool = False, **kwargs: Any) -> ProcessState:  # type: ignore[misc]
+    def __new__(cls, mixed_precision: str | None = None, cpu: bool = False, dynamo_plugin: Any = None,  # type: ignore[misc]
+                deepspeed_plugin: Any = None, fsdp_plugin: Any = None, torch_tp_plugin: Any = None,
+                megatron_lm_plugin: Any = None, parallelism_config: Any = None, _from_accelerator: bool = False,
+                **kwargs: Any) -> ProcessState:
+        # The plugins belong to the Accelerator that owns them (Accelerator(fsdp_plugin=...)); the state only
+        # reports them, so they are accepted here and read back from the newest Accelerator.
         state = ProcessState.get(cpu=cpu or None)
         if mixed_precision is not None and mixed_precision != state.mixed_precision:
             raise ValueError(f"AcceleratorState(mixed_precision={mixed_precision!r}): the Accelerator already uses "
@@ -54,9 +86,13 @@ class AcceleratorState(PartialState):
 
     @staticmethod
     def _reset_state(reset_partial_state: bool = False) -> None:
-        """Detach the Accelerator (and, with ``reset_partial_state``, forget the process state)."""
+        """Forget the Accelerator-level state (and, with ``reset_partial_state``, the process state too).
+
+        Until a new ``Accelerator()`` is made, an existing Accelerator's ``prepare`` and ``distributed_type``
+        raise an ``AttributeError`` that says so, as Accelerate's do (for test harnesses and notebooks).
+        """
         if ProcessState._instance is not None:
-            ProcessState._instance._accelerator_ref = None
+            ProcessState._instance.clear_accelerator_state()
         if reset_partial_state:
             ProcessState.reset()
 
@@ -67,8 +103,15 @@ class GradientState(metaclass=_SharedStateAlias):
     target = _EngineGradientState
 
     def __new__(cls, gradient_accumulation_plugin: Any = None) -> _EngineGradientState:  # type: ignore[misc]
-        accelerator = ProcessState._instance.accelerator if ProcessState._instance is not None else None
+        state = ProcessState._instance
+        accelerator = state.accelerator if state is not None and not state.gradient_state_cleared else None
         if accelerator is not None:
             return accelerator.gradient_state
         steps = getattr(gradient_accumulation_plugin, "num_steps", None) or 1
         return _EngineGradientState(int(steps))
+
+    @staticmethod
+    def _reset_state() -> None:
+        """Forget the accumulation state: ``GradientState()`` returns a fresh one until a new Accelerator is made."""
+        if ProcessState._instance is not None:
+            ProcessState._instance.gradient_state_cleared = True

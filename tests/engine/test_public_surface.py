@@ -207,7 +207,9 @@ def test_single_process_operations():
     assert listify({"a": torch.tensor([1, 2])}) == {"a": [1, 2]}
     assert reduce(torch.tensor([3.0])).tolist() == [3.0]
     model = nn.Linear(1, 1)
-    assert extract_model_from_parallel(torch.compile(model)) is model
+    compiled = torch.compile(model)  # Accelerate's default keeps the compile wrapper; False drops it
+    assert extract_model_from_parallel(compiled) is compiled
+    assert extract_model_from_parallel(compiled, keep_torch_compile=False) is model
 
 
 def test_init_empty_weights_builds_on_meta():

@@ -474,7 +474,7 @@ class DeepSpeedPlugin:
     zero3_init_flag: bool | None = None
     zero3_save_16bit_model: bool | None = None
     transformer_moe_cls_names: str | None = None
-    enable_msamp: bool = False
+    enable_msamp: bool | None = None
     msamp_opt_level: str | None = None
 
     def __post_init__(self) -> None:

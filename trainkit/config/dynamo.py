@@ -26,26 +26,31 @@ class TorchDynamoPlugin:
 
     Args:
         backend: a torch.compile backend ("inductor", "aot_eager", "eager", ...; Accelerate's upper-case
-            names work too); "no" (the default) compiles nothing.
+            names work too); "no" (what None, the default, becomes) compiles nothing.
         mode: torch.compile's mode ("default", "reduce-overhead", "max-autotune", ...).
-        fullgraph: fail on graph breaks instead of splitting the graph.
+        fullgraph: fail on graph breaks instead of splitting the graph (None: False).
         dynamic: compile for dynamic shapes (None lets torch decide after a shape changes).
         options: extra backend options passed to torch.compile.
         disable: turn compilation off without removing the rest of the settings.
         use_regional_compilation: compile each repeated block (a transformer layer) instead of the whole
-            model: one compilation serves every copy of the block, so cold start is several times shorter.
+            model: one compilation serves every copy of the block, so cold start is several times shorter
+            (None: False).
     """
 
-    backend: str = "no"
+    # backend, fullgraph and use_regional_compilation default to None as in Accelerate; __post_init__ turns
+    # None into "no" / False, so after construction they always hold a value.
+    backend: str = None  # type: ignore[assignment]
     mode: str | None = None
-    fullgraph: bool = False
+    fullgraph: bool = None  # type: ignore[assignment]
     dynamic: bool | None = None
     options: dict[str, Any] | None = None
     disable: bool = False
-    use_regional_compilation: bool = False
+    use_regional_compilation: bool = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
-        self.backend = normalise_backend(self.backend)
+        self.backend = normalise_backend("no" if self.backend is None else self.backend)
+        self.fullgraph = bool(self.fullgraph)
+        self.use_regional_compilation = bool(self.use_regional_compilation)
         if self.mode is not None and self.mode not in COMPILE_MODES:
             from .errors import invalid_value_error
 

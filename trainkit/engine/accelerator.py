@@ -26,7 +26,9 @@ from trainkit.config.engine import EngineConfig
 from trainkit.engine import collectives
 from trainkit.engine.accumulation import GradientState, sum_across_processes
 from trainkit.engine.compat_options import announce_dataloader_options, resolve_compat_options
+from trainkit.engine.accelerator_api import AccelerateAttributes, refuse_parallelism
 from trainkit.engine.compile import compile_model
+from trainkit.engine.unwrapping import extract_model
 from trainkit.engine.configuration import announce, resolve_for_accelerator
 from trainkit.engine.deepspeed import (
     DummyOptim,
@@ -42,7 +44,7 @@ from trainkit.engine.identity import ProcessIdentity
 from trainkit.engine.precision import Precision
 from trainkit.engine.prepared import PreparedObjects
 from trainkit.engine.process_control import only_when, split_inputs
-from trainkit.engine.state import ProcessState
+from trainkit.engine.state import ProcessState, require_accelerator_state
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.tracker_api import TrackerAPI
 from trainkit.engine.tracking import GeneralTracker, resolve_log_with
@@ -62,7 +64,7 @@ from trainkit.utils.dataclasses import (
 logger = logging.getLogger(__name__)
 
 
-class Accelerator(ProcessIdentity, TrackerAPI):
+class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
     """Train one model-and-loop on one CPU, one GPU, many processes (DDP) or sharded (FSDP2).
 
     Arguments follow Hugging Face Accelerate's; an argument left at None is "not set" and takes the value
@@ -86,36 +88,43 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         dynamo_backend: compile prepared models with this torch.compile backend ("inductor", ...).
         dynamo_plugin: all torch.compile settings (:class:`TorchDynamoPlugin`), regional compilation included.
         deepspeed_plugin: a DeepSpeed config (:class:`DeepSpeedPlugin`), run on DDP/FSDP2 (docs/deepspeed.md).
-        megatron_lm_plugin: not driven by trainkit (an error says so).
+        megatron_lm_plugin, torch_tp_plugin, parallelism_config: not driven by trainkit (an error says so).
+        deepspeed_plugins: several named DeepSpeed configs; trainkit takes one (``deepspeed_plugin``).
         rng_types: accepted with a notice (the data order comes from a seeded sampler).
+        even_batches: trainkit's shortcut for ``DataLoaderConfiguration(even_batches=...)`` (keyword only).
         engine_config: an already resolved :class:`trainkit.config.engine.EngineConfig` (the Trainer passes
             one); when given, the arguments above that it covers are not consulted.
     """
 
     def __init__(
         self,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
         mixed_precision: str | None = None,
         gradient_accumulation_steps: int | None = None,
         cpu: bool | None = None,
-        fsdp_plugin: Any = None,
         dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: DeepSpeedPlugin | None = None,
+        fsdp_plugin: Any = None,
+        torch_tp_plugin: Any = None,
+        megatron_lm_plugin: Any = None,
+        rng_types: Sequence[Any] | None = None,
         log_with: str | GeneralTracker | Sequence[str | GeneralTracker] | None = None,
         project_dir: str | os.PathLike | None = None,
         project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: Sequence[KwargsHandler] | None = None,
-        device_placement: bool = True,
-        split_batches: bool | None = None,
-        even_batches: bool | None = None,
         dynamo_backend: str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
-        deepspeed_plugin: DeepSpeedPlugin | None = None,
-        megatron_lm_plugin: Any = None,
-        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
-        rng_types: Sequence[Any] | None = None,
+        deepspeed_plugins: Any = None,
+        parallelism_config: Any = None,
         *,
+        even_batches: bool | None = None,
         engine_config: EngineConfig | None = None,
     ) -> None:
+        refuse_parallelism(torch_tp_plugin=torch_tp_plugin, deepspeed_plugins=deepspeed_plugins,
+                           parallelism_config=parallelism_config)
         self._compat = resolve_compat_options(
             kwargs_handlers=kwargs_handlers, gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin, megatron_lm_plugin=megatron_lm_plugin,
@@ -180,7 +189,11 @@ class Accelerator(ProcessIdentity, TrackerAPI):
     # -- identity (device, process_index, ... come from ProcessIdentity) ---------------------------
     @property
     def distributed_type(self) -> DistributedType:
-        """NO, MULTI_CPU, MULTI_GPU, FSDP, or DEEPSPEED when a DeepSpeed config asked (run on DDP/FSDP2)."""
+        """NO, MULTI_CPU, MULTI_GPU, FSDP, or DEEPSPEED when a DeepSpeed config asked (run on DDP/FSDP2);
+        a value set on the state (``AcceleratorState().distributed_type = ...``) wins."""
+        require_accelerator_state("distributed_type")
+        if self.state._distributed_type_override is not None:
+            return self.state._distributed_type_override
         return DistributedType.DEEPSPEED if self.deepspeed is not None else self.strategy.distributed_type
 
     @property
@@ -299,7 +312,7 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         for opt in targets:
             self.precision.unscale_(opt.optimizer if isinstance(opt, PreparedOptimizer) else opt)
 
-    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Clip the gradients' total norm over all processes; return the norm before clipping."""
         self.unscale_gradients()
         return self.strategy.clip_grad_norm_(list(parameters), max_norm, norm_type)
@@ -312,6 +325,7 @@ class Accelerator(ProcessIdentity, TrackerAPI):
     # -- prepare ----------------------------------------------------------------------------------
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Wrap models, optimizers, dataloaders and schedulers; return them in the order given."""
+        require_accelerator_state("distributed_type")
         placement = device_placement or [self.device_placement] * len(args)
         prepared: list[Any] = list(args)
         kinds: list[tuple[Any, Callable[[Any, bool], Any]]] = [
@@ -341,13 +355,15 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         self._models.append(wrapped)
         return wrapped
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer | DummyOptim) -> PreparedOptimizer:
-        """Wrap an optimizer (re-bound to sharded parameters where the strategy replaced them)."""
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer | DummyOptim,
+                          device_placement: bool | None = None) -> PreparedOptimizer:
+        """Wrap an optimizer (re-bound to sharded parameters where the strategy replaced them; its state
+        follows the parameters, so ``device_placement`` has nothing left to move)."""
         placeholder, optimizer = optimizer, deepspeed_optimizer(self.deepspeed, optimizer)
         for model in self._models:
             self.strategy.rebind_optimizer(optimizer, model)
         optimizer = shard_optimizer_state(self.deepspeed, optimizer, self.num_processes)  # ZeRO-1
-        prepared = PreparedOptimizer(optimizer, self.precision, self.gradient_state)
+        prepared = PreparedOptimizer(optimizer, precision=self.precision, gradient_state=self.gradient_state)
         prepared.placeholder = placeholder
         prepared.before_step = clipping_before_step(self.deepspeed, optimizer, self.clip_grad_norm_)
         self._optimizers.append(prepared)
@@ -361,13 +377,19 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         optimizers = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer
                       or getattr(opt, "placeholder", None) is scheduler.optimizer] or self._optimizers
         steps = 1 if self.split_batches or built else self.num_processes
-        prepared = PreparedScheduler(scheduler, optimizers, self.gradient_state, steps_per_call=steps,
+        prepared = PreparedScheduler(scheduler, optimizers, gradient_state=self.gradient_state, steps_per_call=steps,
                                      step_with_optimizer=self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)
         return prepared
 
-    def prepare_data_loader(self, dataloader: DataLoader, device_placement: bool | None = None) -> PreparedDataLoader:
-        """Shard a dataloader across processes (see :mod:`trainkit.engine.data`)."""
+    def prepare_data_loader(self, data_loader: DataLoader, device_placement: bool | None = None,
+                            slice_fn_for_dispatch: Callable | None = None) -> PreparedDataLoader:
+        """Shard a dataloader across processes (see :mod:`trainkit.engine.data`). ``slice_fn_for_dispatch``
+        belongs to Accelerate's dispatching loader, which trainkit does not have: it is refused."""
+        if slice_fn_for_dispatch is not None:
+            raise NotImplementedError("prepare_data_loader(slice_fn_for_dispatch=...): trainkit has no dispatching "
+                                      "loader; every process reads its own part of the data.")
+        dataloader = data_loader
         place = self.device_placement if device_placement is None else device_placement
         check_micro_batch(self.deepspeed, dataloader)
         prepared = prepare_data_loader(
@@ -457,23 +479,6 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         """Run the block on each machine's first process before the others."""
         return self.state.local_main_process_first()
 
-    def on_main_process(self, function: Callable) -> Callable:
-        """Decorator: run ``function`` on the main process only."""
-        return only_when(lambda: self.is_main_process)(function)
-
-    def on_local_main_process(self, function: Callable) -> Callable:
-        """Decorator: run ``function`` on each machine's first process only."""
-        return only_when(lambda: self.is_local_main_process)(function)
-
-    def on_last_process(self, function: Callable) -> Callable:
-        """Decorator: run ``function`` on the last process only."""
-        return only_when(lambda: self.is_last_process)(function)
-
-    def on_process(self, function: Callable | None = None, process_index: int = 0) -> Callable:
-        """Decorator: run ``function`` on the process with global rank ``process_index`` only."""
-        decorator = only_when(lambda: self.process_index == process_index)
-        return decorator(function) if function is not None else decorator
-
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on each machine's first process only."""
         if self.is_local_main_process:
@@ -485,13 +490,12 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         yield split_inputs(inputs, self.process_index, self.num_processes, apply_padding)
 
     # -- models and state -------------------------------------------------------------------------
-    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:
-        """The user's module inside the DDP/FSDP wrapper (and the autocast forward, unless kept)."""
-        inner = self.strategy.unwrap_model(model)
-        inner = getattr(inner, "_orig_mod", inner)  # torch.compile
-        if not keep_fp32_wrapper and hasattr(inner, "_trainkit_original_forward"):
-            inner.forward = inner.__dict__.pop("_trainkit_original_forward")
-        return inner
+    def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,
+                     keep_torch_compile: bool | None = True) -> nn.Module:
+        """The user's module inside the DDP/FSDP wrapper (and the autocast forward, unless kept); a
+        ``torch.compile`` wrapper the script added stays around it unless ``keep_torch_compile`` is falsy."""
+        return extract_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile,
+                             strategy_unwrap=self.strategy.unwrap_model)
 
     def get_state_dict(self, model: nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full (unsharded) state dict with the user's key names."""
@@ -525,13 +529,18 @@ class Accelerator(ProcessIdentity, TrackerAPI):
             raise ValueError(f"Objects need state_dict() and load_state_dict() to be checkpointed: {invalid!r}")
         self._custom_objects.extend(objects)
 
-    def save_state(self, output_dir: str | os.PathLike | None = None, **kwargs: Any) -> str:
-        """Write models, optimizers, schedulers, dataloader positions, RNG and registered objects."""
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
+                   **save_model_func_kwargs: Any) -> str:
+        """Write models, optimizers, schedulers, dataloader positions, RNG and registered objects (always
+        safetensors and JSON: ``safe_serialization=False`` is noted and changes nothing)."""
         from trainkit.engine.checkpointing import save_accelerator_state
 
-        return save_accelerator_state(self, output_dir, **kwargs)
+        if not safe_serialization:
+            logger.warning("save_state(safe_serialization=False): trainkit checkpoints are always safetensors + JSON.")
+        return save_accelerator_state(self, output_dir, **save_model_func_kwargs)
 
-    def load_state(self, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> None:
+    def load_state(self, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None,
+                   **load_model_func_kwargs: Any) -> None:
         """Restore everything ``save_state`` wrote (the latest complete checkpoint when no path is given).
 
         Dataloaders get back their epoch; their position inside it only with
@@ -539,7 +548,10 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         """
         from trainkit.engine.checkpointing import load_accelerator_state
 
-        loaded = load_accelerator_state(self, input_dir, **kwargs)
+        if load_kwargs:
+            logger.warning("load_state(load_kwargs=%s): trainkit loads no pickles, so there is no torch.load to "
+                           "pass them to; they change nothing.", sorted(load_kwargs))
+        loaded = load_accelerator_state(self, input_dir, **load_model_func_kwargs)
         if loaded is not None:
             self._loaded_from = loaded
 
@@ -564,12 +576,6 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         from trainkit.engine.uneven import join_uneven_inputs
 
         return join_uneven_inputs(self.distributed_type, joinables, self._dataloaders, even_batches)
-
-    def trigger_sync_in_backward(self, model: nn.Module) -> contextlib.AbstractContextManager:
-        """Make the next backward all-reduce ``model``'s gradients, even inside ``no_sync``/``accumulate``."""
-        from trainkit.engine.strategies.ddp_sync import sync_in_backward
-
-        return sync_in_backward(model)
 
     def profile(self, profile_handler: Any = None) -> contextlib.AbstractContextManager:
         """torch's profiler configured by ``profile_handler`` (or the ``ProfileKwargs`` handler)."""

@@ -18,6 +18,8 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from trainkit.engine.gradient_state_api import GradientStateAPI
+
 Batch = TypeVar("Batch")
 
 
@@ -32,7 +34,7 @@ class WindowedLoader(Protocol):
         """Batches this rank will still get after the current one, or None when unknown."""
 
 
-class GradientState:
+class GradientState(GradientStateAPI):
     """Per-Accelerator accumulation bookkeeping, fed by ``accumulate`` and the prepared dataloaders."""
 
     def __init__(self, num_steps: int = 1) -> None:

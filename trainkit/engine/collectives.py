@@ -35,37 +35,39 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
 
 
 @verify_operation
-def gather(data: Any) -> Any:
+def gather(tensor: Any) -> Any:
     """Concatenate every process's tensors along dim 0 (scalars become a vector), in rank order."""
     if _world() == 1:
-        return data
-    return recursively_apply(_gather_one, data)
+        return tensor
+    return recursively_apply(_gather_one, tensor)
 
 
-def gather_object(obj: Any) -> list[Any]:
+def gather_object(object: Any) -> list[Any]:  # noqa: A002 - Accelerate's parameter name
     """Gather picklable objects from every process; lists are concatenated, other objects listed."""
     if _world() == 1:
-        return list(obj) if isinstance(obj, list) else [obj]
+        return list(object) if isinstance(object, list) else [object]
     gathered: list[Any] = [None] * _world()
-    dist.all_gather_object(gathered, obj)
+    dist.all_gather_object(gathered, object)
     if all(isinstance(item, list) for item in gathered):
         return [x for item in gathered for x in item]
     return gathered
 
 
-_REDUCTIONS = ("sum", "mean", "none")
+# Accelerate's reductions: "max" takes the element-wise maximum, "none" leaves each process's values.
+_REDUCTIONS = ("sum", "mean", "max", "none")
 
 
 @verify_operation
 def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-    """All-reduce every tensor (``sum`` or ``mean``) times ``scale``; returns new tensors."""
+    """All-reduce every tensor (``sum``, ``mean`` or element-wise ``max``; ``none`` copies) times ``scale``;
+    returns new tensors."""
     if reduction not in _REDUCTIONS:
         raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}.")
 
     def _reduce(tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()
         if _world() > 1 and reduction != "none":
-            dist.all_reduce(out, op=dist.ReduceOp.SUM)
+            dist.all_reduce(out, op=dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
             if reduction == "mean":
                 out /= _world()
         if scale != 1.0:
@@ -101,23 +103,23 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first:
 
 
 @verify_operation
-def broadcast(data: Any, from_process: int = 0) -> Any:
-    """Overwrite every tensor with ``from_process``'s values (in place; returns ``data``)."""
+def broadcast(tensor: Any, from_process: int = 0) -> Any:
+    """Overwrite every tensor with ``from_process``'s values (in place; returns ``tensor``, a nest of tensors)."""
     if _world() == 1:
-        return data
+        return tensor
 
     def _broadcast(tensor: torch.Tensor) -> torch.Tensor:
         dist.broadcast(tensor, src=from_process)
         return tensor
 
-    return recursively_apply(_broadcast, data)
+    return recursively_apply(_broadcast, tensor)
 
 
-def broadcast_object_list(objects: list[Any], from_process: int = 0) -> list[Any]:
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """Overwrite the list's items with ``from_process``'s (in place; returns the list)."""
     if _world() > 1:
-        dist.broadcast_object_list(objects, src=from_process)
-    return objects
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
 
 
 def truncate(data: Any, length: int) -> Any:

@@ -224,3 +224,13 @@ class ProcessState(AccelerateStateAPI):
             f"ProcessState(rank={self.rank}, world_size={self.world_size}, local_rank={self.local_rank}, "
             f"device={self.device}, backend={self.backend}, launcher={self.launch.source})"
         )
+
+
+def require_accelerator_state(attribute: str) -> None:
+    """Raise Accelerate's explanatory ``AttributeError`` when ``attribute`` is read after
+    ``AcceleratorState._reset_state()`` and before a new Accelerator re-created the state."""
+    state = ProcessState._instance
+    if state is None or state.accelerator_state_cleared:
+        raise AttributeError(
+            f"`AcceleratorState` object has no attribute `{attribute}`: `AcceleratorState._reset_state()` was called "
+            "and no `Accelerator` was created since; create one before using this Accelerator.")

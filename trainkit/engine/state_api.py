@@ -31,20 +31,38 @@ class AccelerateStateAPI:
     """Always None: trainkit does not drive Megatron-LM."""
     torch_tp_plugin = None
     """None: trainkit has no tensor parallelism."""
-    debug = False
     use_ipex = False
     fork_launched = False
     _accelerator_ref: Callable[[], Any] | None = None
+    accelerator_state_cleared = False
+    """True after ``AcceleratorState._reset_state()`` until the next Accelerator is made."""
+    gradient_state_cleared = False
+    """True after ``GradientState._reset_state()`` until the next Accelerator is made."""
+    _distributed_type_override: DistributedType | None = None
 
     # -- the Accelerator of the process -----------------------------------------------------------
     def attach_accelerator(self, accelerator: Any) -> None:
         """Called by ``Accelerator.__init__``: the newest Accelerator answers the Accelerator-level questions."""
         self._accelerator_ref = weakref.ref(accelerator)
+        self.accelerator_state_cleared = self.gradient_state_cleared = False
+
+    def clear_accelerator_state(self) -> None:
+        """``AcceleratorState._reset_state()``: forget the Accelerator-level state (the process state stays)."""
+        self._accelerator_ref = None
+        self._distributed_type_override = None
+        self.accelerator_state_cleared = True
 
     @property
     def accelerator(self) -> Any:
         """The newest live Accelerator of this process, or None."""
         return self._accelerator_ref() if self._accelerator_ref is not None else None
+
+    @property
+    def debug(self) -> bool:
+        """True in debug mode (``ACCELERATE_DEBUG_MODE``/``TRAINKIT_DEBUG_MODE``): collectives check shapes first."""
+        from trainkit.engine.operation_checks import debug_mode
+
+        return debug_mode()
 
     @property
     def initialized(self) -> bool:
@@ -53,13 +71,52 @@ class AccelerateStateAPI:
 
     @property
     def distributed_type(self) -> DistributedType:
-        """FSDP/MULTI_GPU/MULTI_CPU/NO: the Accelerator's when one exists, else from the processes and device."""
+        """FSDP/MULTI_GPU/MULTI_CPU/NO: the Accelerator's when one exists, else from the processes and device.
+
+        Settable, as in Accelerate (test harnesses do): the value set is what every reader of the state and
+        the Accelerator reports from then on; it does not change how trainkit wraps models or communicates.
+        """
+        if self._distributed_type_override is not None:
+            return self._distributed_type_override
         accelerator = self.accelerator
         if accelerator is not None:
             return accelerator.distributed_type
         if self.world_size == 1:
             return DistributedType.NO
         return DistributedType.MULTI_GPU if self.device.type == "cuda" else DistributedType.MULTI_CPU
+
+    @distributed_type.setter
+    def distributed_type(self, value: DistributedType | str) -> None:
+        try:
+            self._distributed_type_override = DistributedType(value)
+        except ValueError:
+            raise ValueError(f"distributed_type={value!r} is not a DistributedType; valid: "
+                             f"{[member.value for member in DistributedType]}") from None
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when the model is sharded: trainkit's FSDP is always FSDP2."""
+        return self.distributed_type == DistributedType.FSDP
+
+    @property
+    def deepspeed_plugins(self) -> dict[str, Any]:
+        """The DeepSpeed configs by name: ``{"default": plugin}`` for a run with one, else empty."""
+        plugin = getattr(self, "deepspeed_plugin", None)
+        return {"default": plugin} if plugin is not None else {}
+
+    def get_deepspeed_plugin(self, name: str) -> Any:
+        """The DeepSpeed config called ``name`` (trainkit runs one, called "default")."""
+        plugins = self.deepspeed_plugins
+        if not plugins:
+            raise ValueError("get_deepspeed_plugin needs a DeepSpeed config: pass deepspeed_plugin=DeepSpeedPlugin(...) "
+                             "to the Accelerator.")
+        if name not in plugins:
+            raise KeyError(f"no DeepSpeed config named {name!r}; trainkit runs one, named {list(plugins)}")
+        return plugins[name]
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Activate the DeepSpeed config ``name``: with one config (trainkit's case) it is always the active one."""
+        self.get_deepspeed_plugin("default" if name is None else name)
 
     @property
     def mixed_precision(self) -> str:
@@ -118,7 +175,7 @@ class AccelerateStateAPI:
         """Decorator: run ``function`` on each machine's first process only."""
         return self._only_on(lambda: self.local_rank == 0, function)
 
-    def on_last_process(self, function: Callable | None = None) -> Callable:
+    def on_last_process(self, function: Callable) -> Callable:
         """Decorator: run ``function`` on the highest global rank only."""
         return self._only_on(lambda: self.rank == self.world_size - 1, function)
 

@@ -20,9 +20,31 @@ logger = logging.getLogger(__name__)
 
 
 class GeneralTracker:
-    """Base class for trackers; subclass it to plug your own into ``Accelerator(log_with=[...])``."""
+    """Base class for trackers; subclass it to plug your own into ``Accelerator(log_with=[...])``.
 
-    name = "general"
+    As in Accelerate, a subclass defines ``name``, ``requires_logging_directory`` and a ``tracker`` property
+    (the underlying run object); ``GeneralTracker.__init__`` checks them unless ``_blank=True``. Trackers with
+    ``main_process_only`` (the default) are only started and written on the main process.
+    """
+
+    name: str
+    """The name ``log_with`` and ``get_tracker`` use (each subclass sets it)."""
+    requires_logging_directory: bool
+    """True when the tracker is built with a logging folder as its second argument."""
+    main_process_only = True
+    """Only the main process creates and writes this tracker."""
+
+    def __init__(self, _blank: bool = False) -> None:
+        if _blank:
+            return
+        missing = [attribute for attribute in ("name", "requires_logging_directory", "tracker")
+                   if not hasattr(type(self), attribute)]
+        if missing:
+            raise NotImplementedError(f"{type(self).__name__} must define {', '.join(missing)} in its class body "
+                                      "(name: str, requires_logging_directory: bool, tracker: a property).")
+
+    def start(self) -> None:
+        """Create the underlying run (for trackers that defer it until the main process is known)."""
 
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
         """Record the run's hyper-parameters."""
@@ -57,6 +79,7 @@ class JSONLTracker(GeneralTracker):
     """
 
     name = "jsonl"
+    requires_logging_directory = True
 
     def __init__(self, run_name: str, logging_dir: str) -> None:
         self.directory = os.path.join(logging_dir, run_name)
@@ -84,11 +107,17 @@ class TensorBoardTracker(GeneralTracker):
     """
 
     name = "tensorboard"
+    requires_logging_directory = True
 
-    def __init__(self, run_name: str, logging_dir: str) -> None:
+    def __init__(self, run_name: str, logging_dir: str, **kwargs: Any) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(os.path.join(logging_dir, run_name))
+        self.writer = SummaryWriter(os.path.join(logging_dir, run_name), **kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        """The ``SummaryWriter``."""
+        return self.writer
 
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
         self.writer.add_text("config", json.dumps(_jsonable(dict(values)), indent=2))
@@ -114,11 +143,17 @@ class WandBTracker(GeneralTracker):
     """Logs to Weights & Biases (``wandb.init`` receives ``init_kwargs['wandb']``)."""
 
     name = "wandb"
+    requires_logging_directory = False
 
-    def __init__(self, run_name: str, logging_dir: str, **init_kwargs: Any) -> None:
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
         import wandb
 
-        self.run = wandb.init(project=run_name, dir=logging_dir, **init_kwargs)
+        self.run = wandb.init(project=run_name, **kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        """The W&B run."""
+        return self.run
 
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
         self.run.config.update(_jsonable(dict(values)), allow_val_change=True)
@@ -137,23 +172,32 @@ class MLflowTracker(GeneralTracker):
     """
 
     name = "mlflow"
+    requires_logging_directory = False
 
-    def __init__(self, project_name: str, logging_dir: str, run_id: str | None = None, tags: Any = None,
-                 nested_run: bool = False, run_name: str | None = None, description: str | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, experiment_name: str | None = None, logging_dir: str | None = None, run_id: str | None = None,
+                 tags: Any = None, nested_run: bool = False, run_name: str | None = None,
+                 description: str | None = None) -> None:
         import mlflow
 
-        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", project_name)
+        experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
         tags = os.environ.get("MLFLOW_TAGS", tags)
         if isinstance(tags, str):
             tags = json.loads(tags)
-        experiment = mlflow.get_experiment_by_name(experiment_name)
-        experiment_id = experiment.experiment_id if experiment is not None else mlflow.create_experiment(experiment_name, tags=tags)
+        experiment_id = None  # no name: MLflow's active (or default) experiment
+        if experiment_name is not None:
+            experiment = mlflow.get_experiment_by_name(experiment_name)
+            experiment_id = (experiment.experiment_id if experiment is not None
+                             else mlflow.create_experiment(experiment_name, tags=tags))
         self.run = mlflow.start_run(run_id=os.environ.get("MLFLOW_RUN_ID", run_id), experiment_id=experiment_id,
                                     run_name=run_name, tags=tags,
                                     nested=bool(os.environ.get("MLFLOW_NESTED_RUN", nested_run)),
-                                    description=description, **kwargs)
+                                    description=description)
         self._mlflow = mlflow
+
+    @property
+    def tracker(self) -> Any:
+        """The active MLflow run."""
+        return self.run
 
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
         params = {str(k): v for k, v in _jsonable(dict(values)).items()}
@@ -193,7 +237,7 @@ def _warn_skipped(tracker: str, key: str, value: Any) -> None:
                    "" if tracker == "mlflow" else ", string or dict of numbers")
 
 
-_OPTIONAL = {
+_OPTIONAL: dict[str, tuple[type[GeneralTracker], Any]] = {
     "tensorboard": (TensorBoardTracker, is_tensorboard_available),
     "wandb": (WandBTracker, is_wandb_available),
     "mlflow": (MLflowTracker, is_mlflow_available),
@@ -235,12 +279,38 @@ def start_trackers(run_name: str, logging_dir: str, log_with: list[str | General
         if isinstance(item, GeneralTracker):
             trackers.append(item)
         else:
-            tracker_cls = _OPTIONAL[item][0]
-            trackers.append(tracker_cls(run_name, logging_dir, **init_kwargs.get(item, {})))
+            trackers.append(_start_one(item, run_name, logging_dir, dict(init_kwargs.get(item, {}))))
     if config is not None:
         for tracker in trackers:
             tracker.store_init_configuration(dict(config))
     return trackers
+
+
+def _start_one(name: str, run_name: str, logging_dir: str, kwargs: dict[str, Any]) -> GeneralTracker:
+    """Accelerate's convention: the run name first, then the logging folder for trackers that need one."""
+    tracker_cls: Any = _OPTIONAL[name][0]
+    if name == "wandb":
+        kwargs.setdefault("dir", logging_dir)  # W&B's files beside the other trackers'
+    if name == "mlflow":
+        return tracker_cls(run_name, logging_dir, **kwargs)
+    if getattr(tracker_cls, "requires_logging_directory", False):
+        return tracker_cls(run_name, logging_dir, **kwargs)
+    return tracker_cls(run_name, **kwargs)
+
+
+def register_tracker(tracker_class: type[GeneralTracker]) -> None:
+    """Make ``log_with=tracker_class.name`` start ``tracker_class`` (see ``trainkit.tracking.register_tracker_class``)."""
+    _OPTIONAL[tracker_class.name] = (tracker_class, lambda: True)
+
+
+def tracker_classes() -> dict[str, type[GeneralTracker]]:
+    """Name -> class of every tracker ``log_with`` can name (built-in and registered)."""
+    return {name: cls for name, (cls, _) in _OPTIONAL.items()}
+
+
+def available_trackers() -> list[str]:
+    """The names ``log_with="all"`` starts here: the installed trackers."""
+    return [name for name, (_, available) in _OPTIONAL.items() if available()]
 
 
 def find_tracker(trackers: list[GeneralTracker], name: str) -> GeneralTracker:

@@ -16,20 +16,51 @@ from trainkit.engine.accumulation import GradientState
 from trainkit.engine.precision import Precision
 
 
-class PreparedOptimizer(torch.optim.Optimizer):
-    """Wraps the user's optimizer; attribute access passes through to it."""
+def _newest_accelerator(what: str) -> Any:
+    from trainkit.engine.state import ProcessState
 
-    def __init__(self, optimizer: torch.optim.Optimizer, precision: Precision, gradient_state: GradientState) -> None:
+    accelerator = ProcessState._instance.accelerator if ProcessState._instance is not None else None
+    if accelerator is None:
+        raise ValueError(f"{what} takes its mixed precision and accumulation state from the Accelerator: create "
+                         "the Accelerator first (or let accelerator.prepare(...) build it).")
+    return accelerator
+
+
+class PreparedOptimizer(torch.optim.Optimizer):
+    """Wraps the user's optimizer; attribute access passes through to it.
+
+    Built by ``Accelerator.prepare``; ``AcceleratedOptimizer(optimizer)`` (Accelerate's signature) builds one
+    for the newest Accelerator. ``device_placement`` has nothing to do (the optimizer state follows the
+    parameters) and ``scaler`` must be None or the Accelerator's own (fp16 scaling belongs to its precision).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device_placement: bool = True, scaler: Any = None, *,
+                 precision: Precision | None = None, gradient_state: GradientState | None = None) -> None:
         # Optimizer.__init__ is deliberately not called: all state lives in the wrapped optimizer.
+        if precision is None or gradient_state is None:
+            accelerator = _newest_accelerator("AcceleratedOptimizer(...)")
+            precision = precision or accelerator.precision
+            gradient_state = gradient_state or accelerator.gradient_state
+        if scaler is not None and scaler is not precision.scaler:
+            raise ValueError("AcceleratedOptimizer(scaler=...): trainkit scales fp16 losses with the Accelerator's "
+                             "own GradScaler (configure it with GradScalerKwargs); pass scaler=None.")
         self.optimizer = optimizer
         self.precision = precision
         self.gradient_state = gradient_state
-        self.step_was_skipped = False
-        """True when the last step was skipped because fp16 gradients overflowed."""
+        self._step_was_skipped = False
         self.before_step: Any = None
         """Called before each real step (a DeepSpeed config's ``gradient_clipping`` clips there)."""
         self.placeholder: Any = optimizer
         """What the script passed to ``prepare`` (a ``DummyOptim`` stands for a config-built optimizer)."""
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """True when the last step was skipped because fp16 gradients overflowed."""
+        return self._step_was_skipped
+
+    @step_was_skipped.setter
+    def step_was_skipped(self, value: bool) -> None:
+        self._step_was_skipped = value
 
     @property
     def state(self) -> dict:  # type: ignore[override]
@@ -50,9 +81,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
         if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            self.optimizer.zero_grad(**({} if set_to_none is None else {"set_to_none": set_to_none}))
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         if not self.gradient_state.sync_gradients:
@@ -67,6 +98,25 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state_dict)
+
+    # torch's optimizer hooks: registered on the wrapped optimizer, whose step and state_dict run them.
+    def register_step_pre_hook(self, hook: Any) -> Any:  # type: ignore[override]
+        return self.optimizer.register_step_pre_hook(hook)
+
+    def register_step_post_hook(self, hook: Any) -> Any:  # type: ignore[override]
+        return self.optimizer.register_step_post_hook(hook)
+
+    def register_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]
+        return self.optimizer.register_state_dict_pre_hook(hook, prepend)
+
+    def register_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]
+        return self.optimizer.register_state_dict_post_hook(hook, prepend)
+
+    def register_load_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]
+        return self.optimizer.register_load_state_dict_pre_hook(hook, prepend)
+
+    def register_load_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]
+        return self.optimizer.register_load_state_dict_post_hook(hook, prepend)
 
     def train(self) -> None:
         """Forward to optimizers with train/eval modes (schedule-free ones)."""
@@ -89,15 +139,26 @@ class PreparedOptimizer(torch.optim.Optimizer):
 
 
 class PreparedScheduler:
-    """Wraps a learning-rate scheduler so it follows the optimizer steps that really happened."""
+    """Wraps a learning-rate scheduler so it follows the optimizer steps that really happened.
 
-    def __init__(self, scheduler: Any, optimizers: list[PreparedOptimizer], gradient_state: GradientState,
-                 *, steps_per_call: int, step_with_optimizer: bool = True) -> None:
+    Built by ``Accelerator.prepare``; ``AcceleratedScheduler(scheduler, optimizers)`` (Accelerate's
+    signature) builds one for the newest Accelerator: stepped once per process per optimizer step, or once
+    with ``split_batches=True``.
+    """
+
+    def __init__(self, scheduler: Any, optimizers: Any, step_with_optimizer: bool = True, split_batches: bool = False,
+                 *, gradient_state: GradientState | None = None, steps_per_call: int | None = None) -> None:
+        optimizers = list(optimizers) if isinstance(optimizers, (list, tuple)) else [optimizers]
+        if gradient_state is None or steps_per_call is None:
+            accelerator = _newest_accelerator("AcceleratedScheduler(...)")
+            gradient_state = gradient_state or accelerator.gradient_state
+            steps_per_call = steps_per_call or (1 if split_batches else accelerator.num_processes)
         self.scheduler = scheduler
         self.optimizers = optimizers
         self.gradient_state = gradient_state
         self.steps_per_call = steps_per_call
         self.step_with_optimizer = step_with_optimizer
+        self.split_batches = split_batches
 
     def step(self, *args: Any, **kwargs: Any) -> None:
         """Advance the schedule by one optimizer step of every process, when a step happened."""
@@ -106,7 +167,7 @@ class PreparedScheduler:
             return
         if not self.gradient_state.sync_gradients:
             return
-        if any(opt.step_was_skipped for opt in self.optimizers):
+        if any(getattr(opt, "step_was_skipped", False) for opt in self.optimizers):
             return
         total = getattr(self.scheduler, "total_steps", None)  # OneCycleLR raises past its end
         for _ in range(self.steps_per_call):
@@ -116,6 +177,13 @@ class PreparedScheduler:
 
     def get_last_lr(self) -> list[float]:
         return self.scheduler.get_last_lr()
+
+    def get_lr(self) -> list[float]:
+        return self.scheduler.get_lr()
+
+    def print_lr(self, *args: Any, **kwargs: Any) -> None:
+        """Forward to the wrapped scheduler's ``print_lr`` (older torch schedulers)."""
+        return self.scheduler.print_lr(*args, **kwargs)
 
     def state_dict(self) -> dict[str, Any]:
         return self.scheduler.state_dict()

@@ -13,6 +13,7 @@ from typing import Any
 from trainkit.config.deepspeed import DeepSpeedPlugin
 from trainkit.config.dynamo import TorchDynamoPlugin
 
+from . import constants as _constants
 from . import imports as _imports
 from .dataclasses import (
     AORecipeKwargs,
@@ -42,12 +43,43 @@ from .enums import (
     RNGType,
     SageMakerDistributedType,
 )
+from .environment import (
+    are_libraries_initialized,
+    check_cuda_p2p_ib_support,
+    check_os_kernel,
+    clear_environment,
+    convert_dict_to_env_variables,
+    get_cpu_distributed_information,
+    get_current_device_type,
+    get_gpu_info,
+    get_grad_scaler,
+    get_int_from_env,
+    parse_choice_from_env,
+    parse_flag_from_env,
+    patch_environment,
+    purge_accelerate_environment,
+    str_to_bool,
+)
 from .memory import find_executable_batch_size, release_memory
+from .other import (
+    compare_versions,
+    compile_regions,
+    compile_regions_deepspeed,
+    convert_bytes,
+    deepspeed_required,
+    get_pretty_name,
+    is_peft_model,
+    is_port_in_use,
+    merge_dicts,
+    recursive_getattr,
+)
 from .progress import tqdm
-from .random import set_seed
+from .random import set_seed, synchronize_rng_state, synchronize_rng_states
 
 _AVAILABILITY = {name: getattr(_imports, name) for name in dir(_imports) if name.startswith("is_")}
 globals().update(_AVAILABILITY)
+_CONSTANTS = {name: getattr(_constants, name) for name in dir(_constants) if name.isupper()}
+globals().update(_CONSTANTS)
 
 _LAZY = {
     "FullyShardedDataParallelPlugin": "trainkit.engine.fsdp_plugin",
@@ -57,11 +89,21 @@ _LAZY = {
     # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
     "DummyOptim": "trainkit.engine.deepspeed",
     "DummyScheduler": "trainkit.engine.deepspeed",
+    **{name: "trainkit.utils.model_tensors" for name in (
+        "CustomDtype", "clean_state_dict_for_safetensors", "compute_module_sizes", "convert_file_size_to_int",
+        "dtype_byte_size", "extract_submodules_state_dict", "find_tied_parameters", "get_module_children_bottom_up",
+        "id_tensor_storage", "load", "load_state_dict", "model_has_dtensor", "named_module_tensors",
+        "retie_parameters")},
+    "is_compiled_module": "trainkit.engine.unwrapping",
+    "has_compiled_regions": "trainkit.engine.unwrapping",
     **{name: "trainkit.utils.operations" for name in (
-        "DistributedOperationException", "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32",
-        "copy_tensor_to_devices", "extract_model_from_parallel", "find_batch_size", "find_device", "gather",
-        "gather_object", "honor_type", "is_torch_tensor", "listify", "pad_across_processes", "recursively_apply",
-        "reduce", "save", "send_to_device", "slice_tensors", "verify_operation", "wait_for_everyone")},
+        "CannotPadNestedTensorWarning", "ConvertOutputsToFp32", "DistributedOperationException", "GatheredParameters",
+        "TensorInformation", "broadcast", "broadcast_object_list", "chained_operation", "concatenate",
+        "convert_outputs_to_fp32", "convert_to_fp32", "copy_tensor_to_devices", "extract_model_from_parallel",
+        "find_batch_size", "find_device", "gather", "gather_object", "gather_tensor_shape", "get_data_structure",
+        "honor_type", "ignorant_find_batch_size", "initialize_tensors", "is_namedtuple", "is_tensor_information",
+        "is_torch_tensor", "listify", "pad_across_processes", "pad_input_tensors", "recursively_apply", "reduce",
+        "save", "send_to_device", "slice_tensors", "verify_operation", "wait_for_everyone")},
 }
 
 __all__ = sorted([
@@ -71,12 +113,23 @@ __all__ = sorted([
     "InitProcessGroupKwargs", "KwargsHandler", "LoggerType", "MSAMPRecipeKwargs", "MegatronLMDummyScheduler",
     "MegatronLMPlugin", "PrecisionType", "ProfileKwargs", "ProjectConfiguration", "RNGType",
     "SageMakerDistributedType", "TERecipeKwargs", "TorchDynamoPlugin", "find_executable_batch_size",
-    "release_memory", "set_seed", "tqdm", *_AVAILABILITY, *_LAZY,
+    "release_memory", "set_seed", "synchronize_rng_state", "are_libraries_initialized", "check_os_kernel",
+    "check_cuda_p2p_ib_support", "get_cpu_distributed_information", "get_gpu_info", "get_grad_scaler",
+    "clear_environment", "compare_versions", "compile_regions", "compile_regions_deepspeed", "convert_bytes",
+    "convert_dict_to_env_variables", "deepspeed_required", "get_current_device_type", "get_int_from_env",
+    "get_pretty_name", "is_peft_model", "is_port_in_use", "merge_dicts", "parse_choice_from_env",
+    "parse_flag_from_env", "patch_environment", "purge_accelerate_environment", "recursive_getattr", "str_to_bool", "synchronize_rng_states", "tqdm", *_AVAILABILITY,
+    *_CONSTANTS, *_LAZY,
 ])
 
 
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
+        from trainkit.utils.unsupported import NOT_DRIVEN, placeholder  # names of features trainkit does not drive
+
+        if name in NOT_DRIVEN:
+            globals()[name] = placeholder(name)
+            return globals()[name]
         raise AttributeError(f"module 'trainkit.utils' has no attribute {name!r}")
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value

@@ -7,7 +7,9 @@ from datetime import timedelta
 from typing import Any
 
 
+from .enums import _ContainsByValue
 from .enums import (  # noqa: F401 - re-exported: scripts import the enums from here too
+    ListableEnum,
     ComputeEnvironment,
     DDPCommunicationHookType,
     DistributedType,
@@ -175,7 +177,10 @@ class _AbsentFeature:
     reason = ""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(f"{type(self).__name__}: {self.reason}")
+        from trainkit.utils.unsupported import NOT_DRIVEN
+
+        name = type(self).__name__
+        raise NotImplementedError(f"{name}: {NOT_DRIVEN.get(name, self.reason)}.")
 
 
 class MegatronLMPlugin(_AbsentFeature):
@@ -206,3 +211,47 @@ class MSAMPRecipeKwargs(FP8RecipeKwargs):
 
 class AORecipeKwargs(FP8RecipeKwargs):
     """torchao fp8 recipe (see :class:`FP8RecipeKwargs`)."""
+
+
+EnumWithContains = _ContainsByValue
+"""Accelerate's name for the enum metaclass that makes ``"value" in SomeEnum`` work."""
+BaseEnum = ListableEnum
+"""Accelerate's name for the base of its string enums (``str(member)`` is the value, ``.list()`` the values)."""
+
+
+def get_module_class_from_name(module: Any, name: str) -> type | None:
+    """The class called ``name`` among ``module`` and its submodules (depth first), or None."""
+    if type(module).__name__ == name:
+        return type(module)
+    for child in module.children():
+        found = get_module_class_from_name(child, name)
+        if found is not None:
+            return found
+    return None
+
+
+# Accelerate keeps these in accelerate.utils.dataclasses; trainkit defines them where they live (loaded on use,
+# so importing a dataclass from here never drags torch or the engine in).
+_ELSEWHERE = {
+    "CustomDtype": "trainkit.utils.model_tensors",
+    "TensorInformation": "trainkit.utils.structures",
+    "TorchDynamoPlugin": "trainkit.config.dynamo",
+    "DeepSpeedPlugin": "trainkit.config.deepspeed",
+    "FullyShardedDataParallelPlugin": "trainkit.engine.fsdp_plugin",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Names defined elsewhere in trainkit, and Accelerate's dataclasses for features trainkit does not drive
+    (placeholders that raise when constructed)."""
+    import importlib
+
+    from trainkit.utils.unsupported import NOT_DRIVEN, placeholder
+
+    if name in _ELSEWHERE:
+        value = globals()[name] = getattr(importlib.import_module(_ELSEWHERE[name]), name)
+        return value
+    if name in NOT_DRIVEN:
+        value = globals()[name] = placeholder(name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,15 +23,15 @@ def is_wandb_available() -> bool:
     return is_package_available("wandb")
 
 
-def is_xpu_available() -> bool:
-    """True when an Intel XPU device is usable through torch."""
+def is_xpu_available(check_device: bool = False) -> bool:
+    """True when an Intel XPU device is usable through torch (trainkit does not drive XPUs)."""
     import torch
 
     return hasattr(torch, "xpu") and torch.xpu.is_available()
 
 
-def is_npu_available() -> bool:
-    """True when an Ascend NPU is usable (needs the torch_npu extension)."""
+def is_npu_available(check_device: bool = False) -> bool:
+    """True when an Ascend NPU is usable (needs the torch_npu extension; trainkit does not drive NPUs)."""
     if not is_package_available("torch_npu"):
         return False
     import torch
@@ -75,11 +75,41 @@ is_boto3_available = _installed("boto3")
 is_pytest_available = _installed("pytest")
 is_deepspeed_available = _installed("deepspeed")
 is_megatron_lm_available = _installed("megatron")
-is_torch_xla_available = _installed("torch_xla")
+
+
+def is_torch_xla_available(check_is_tpu: bool = False, check_is_gpu: bool = False) -> bool:
+    """True when torch_xla is installed (trainkit does not drive TPUs/XLA devices)."""
+    return is_package_available("torch_xla")
+
+
 is_transformer_engine_available = _installed("transformer_engine")
 is_msamp_available = _installed("msamp")
 is_torchao_available = _installed("torchao")
-is_bnb_available = _installed("bitsandbytes")
+
+
+def is_bnb_available(min_version: str | None = None) -> bool:
+    """True when bitsandbytes is installed (at least ``min_version`` when given)."""
+    if not is_package_available("bitsandbytes"):
+        return False
+    if min_version is None:
+        return True
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    return Version(importlib.metadata.version("bitsandbytes")) >= Version(min_version)
+
+
+def is_4bit_bnb_available() -> bool:
+    """True when bitsandbytes can quantize to 4 bits (0.39 or newer)."""
+    return is_bnb_available("0.39.0")
+
+
+def is_8bit_bnb_available() -> bool:
+    """True when bitsandbytes can quantize to 8 bits (0.37.2 or newer)."""
+    return is_bnb_available("0.37.2")
+
+
 is_torchdata_available = _installed("torchdata")
 is_torchdata_stateful_dataloader_available = _installed("torchdata")
 is_triton_available = _installed("triton")
@@ -98,7 +128,55 @@ def is_mlu_available(check_device: bool = False) -> bool:
     return False
 
 
-is_musa_available = is_sdaa_available = is_hpu_available = is_neuron_available = is_mlu_available
+is_musa_available = is_sdaa_available = is_neuron_available = is_mlu_available
+
+
+def is_hpu_available(init_hccl: bool = False) -> bool:
+    """False: trainkit drives no Habana Gaudi HPU."""
+    return False
+
+
+def is_habana_gaudi1() -> bool:
+    """False: trainkit drives no Habana Gaudi HPU."""
+    return False
+
+
+def is_transformer_engine_mxfp8_available() -> bool:
+    """False: trainkit has no fp8 training path."""
+    return False
+
+
+def is_xccl_available() -> bool:
+    """False: trainkit uses gloo (CPU) and nccl (CUDA) process groups, not Intel's XCCL."""
+    return False
+
+
+def is_bitsandbytes_multi_backend_available() -> bool:
+    """False: trainkit does not quantize with bitsandbytes (on any backend)."""
+    return False
+
+
+def is_pippy_available() -> bool:
+    """False: trainkit does not drive pipeline-parallel inference."""
+    return False
+
+
+def is_rocm_available() -> bool:
+    """True when torch was built for AMD ROCm (its GPUs appear as CUDA devices)."""
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
+
+
+def is_weights_only_available() -> bool:
+    """True: ``torch.load(weights_only=True)`` exists in every torch trainkit supports (and trainkit uses it)."""
+    return True
+
+
+is_amdsmi_available = _installed("amdsmi")
+is_import_timer_available = _installed("import_timer")
+is_lomo_available = _installed("lomo_optim")
+is_sagemaker_available = _installed("sagemaker")
 
 
 def is_bf16_available(ignore_tpu: bool = False) -> bool:

@@ -32,13 +32,17 @@ def release_memory(*objects: Any) -> list[None]:
     return []
 
 
-def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128) -> Callable:
-    """Decorate ``function(batch_size, ...)`` to retry with half the batch size after out-of-memory errors.
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128,
+                               reduce_batch_size_fn: Callable[[int], int] | None = None) -> Callable:
+    """Decorate ``function(batch_size, ...)`` to retry with a smaller batch size after out-of-memory errors:
+    ``reduce_batch_size_fn(batch_size)`` when given, else half.
 
     The decorated function is called without its first argument, as in Accelerate.
     """
     if function is None:
-        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size)
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size,
+                                 reduce_batch_size_fn=reduce_batch_size_fn)
+    reduce = reduce_batch_size_fn or (lambda size: size // 2)
 
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -60,7 +64,8 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
                 gc.collect()
                 if torch.cuda.is_available():
                     torch.cuda.empty_cache()
-                logger.warning("Out of memory with batch size %d; retrying with %d.", batch_size, batch_size // 2)
-                batch_size //= 2
+                smaller = reduce(batch_size)
+                logger.warning("Out of memory with batch size %d; retrying with %d.", batch_size, smaller)
+                batch_size = smaller
 
     return wrapper

@@ -10,8 +10,14 @@ from torch import nn
 
 
 @contextlib.contextmanager
-def init_on_device(device: torch.device | str, include_buffers: bool = False) -> Iterator[None]:
-    """Create the parameters (and, with ``include_buffers``, the buffers) of modules built inside on ``device``."""
+def init_on_device(device: torch.device | str, include_buffers: bool | None = None) -> Iterator[None]:
+    """Create the parameters (and, with ``include_buffers``, the buffers) of modules built inside on ``device``.
+
+    ``include_buffers=None`` reads ``ACCELERATE_INIT_INCLUDE_BUFFERS`` (false when unset), as Accelerate does."""
+    if include_buffers is None:
+        from trainkit.utils.environment import parse_flag_from_env
+
+        include_buffers = parse_flag_from_env("ACCELERATE_INIT_INCLUDE_BUFFERS", False)
     if include_buffers:
         with torch.device(device):
             yield
@@ -31,6 +37,6 @@ def init_on_device(device: torch.device | str, include_buffers: bool = False) ->
         nn.Module.register_parameter = original  # type: ignore[method-assign]
 
 
-def init_empty_weights(include_buffers: bool = False) -> contextlib.AbstractContextManager:
+def init_empty_weights(include_buffers: bool | None = None) -> contextlib.AbstractContextManager:
     """Build modules on the ``meta`` device (shapes only, no memory); materialise them later (e.g. FSDP2)."""
     return init_on_device(torch.device("meta"), include_buffers=include_buffers)

@@ -7,37 +7,121 @@ differ from the ``Accelerator`` methods (``reduce`` averages here, sums on the A
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from trainkit.engine import collectives
-from trainkit.engine.collectives import broadcast, broadcast_object_list, gather, gather_object, recursively_apply
-from trainkit.engine.data.device import send_to_device
+from trainkit.engine.collectives import broadcast, broadcast_object_list, gather, gather_object
+from trainkit.engine.data.device import send_to_device as _send_nest_to_device
 from trainkit.engine.operation_checks import DistributedOperationException, verify_operation
-from trainkit.engine.precision import to_float32 as convert_to_fp32
+from trainkit.engine.precision import to_float32
+from trainkit.utils.structures import (
+    CannotPadNestedTensorWarning,
+    ConvertOutputsToFp32,
+    TensorInformation,
+    convert_outputs_to_fp32,
+    find_batch_size,
+    get_data_structure,
+    get_shape,
+    honor_type,
+    ignorant_find_batch_size,
+    initialize_tensors,
+    is_namedtuple,
+    is_tensor_information,
+    is_torch_tensor,
+    is_torch_xpu_tensor,
+    recursively_apply,
+)
+
+# Accelerate's codes for dtypes when a tensor's description travels as integers between processes.
+TENSOR_TYPE_TO_INT = {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4, torch.uint8: 5,
+                      torch.int8: 6, torch.int16: 7, torch.int32: 8, torch.int64: 9, torch.bool: 10}
+TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
 
 __all__ = [
-    "DistributedOperationException", "broadcast", "broadcast_object_list", "concatenate", "convert_to_fp32",
-    "copy_tensor_to_devices", "extract_model_from_parallel", "find_batch_size", "find_device", "gather",
-    "gather_object", "honor_type", "is_torch_tensor", "listify", "pad_across_processes", "recursively_apply",
-    "reduce", "save", "send_to_device", "slice_tensors", "verify_operation", "wait_for_everyone",
+    "CannotPadNestedTensorWarning", "ConvertOutputsToFp32", "DistributedOperationException", "GatheredParameters",
+    "TENSOR_INT_TO_DTYPE", "TENSOR_TYPE_TO_INT", "TensorInformation", "broadcast", "broadcast_object_list",
+    "chained_operation", "concatenate", "convert_outputs_to_fp32", "convert_to_fp32", "copy_tensor_to_devices",
+    "extract_model_from_parallel", "find_batch_size", "find_device", "gather", "gather_object", "gather_tensor_shape",
+    "get_data_structure", "get_shape", "honor_type", "ignorant_find_batch_size", "initialize_tensors",
+    "is_namedtuple", "is_tensor_information", "is_torch_tensor", "is_torch_xpu_tensor", "listify",
+    "pad_across_processes", "pad_input_tensors", "recursively_apply", "reduce", "save", "send_to_device",
+    "slice_tensors", "verify_operation", "wait_for_everyone",
 ]
 
 
-def is_torch_tensor(tensor: Any) -> bool:
-    """True for a ``torch.Tensor``."""
-    return isinstance(tensor, torch.Tensor)
+def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_keys: Any = None) -> Any:
+    """Every tensor of a nest (and anything with ``.to``, e.g. a ``BatchEncoding``) on ``device``; values under
+    ``skip_keys`` (a key or a list of keys, at any mapping level) stay where they are."""
+    if skip_keys is None:
+        return _send_nest_to_device(tensor, device, non_blocking)
+    keys = [skip_keys] if isinstance(skip_keys, str) else list(skip_keys)
+    if isinstance(tensor, Mapping):
+        return type(tensor)({key: value if key in keys else send_to_device(value, device, non_blocking, keys)
+                             for key, value in tensor.items()})
+    if isinstance(tensor, (tuple, list)):
+        return honor_type(tensor, (send_to_device(item, device, non_blocking, keys) for item in tensor))
+    return _send_nest_to_device(tensor, device, non_blocking)
 
 
-def honor_type(obj: Any, generator: Any) -> Any:
-    """Build a container of ``obj``'s type (namedtuples included) from ``generator``."""
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*list(generator))
-    return type(obj)(generator)
+def chained_operation(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: a :class:`DistributedOperationException` inside ``function`` is re-raised naming it too."""
+
+    @functools.wraps(function)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except DistributedOperationException as error:
+            raise DistributedOperationException(
+                f"Error while calling {function.__module__}.{function.__name__}; see the error above.") from error
+
+    return wrapper
+
+
+def gather_tensor_shape(tensor: torch.Tensor | None) -> torch.Tensor:
+    """On every process, the shape (an int tensor) of a tensor that exactly one process holds (None elsewhere)."""
+    shapes = gather_object([None if tensor is None else list(tensor.shape)])
+    held = [shape for shape in shapes if shape is not None]
+    if len(held) != 1:
+        raise DistributedOperationException(f"gather_tensor_shape needs the tensor on exactly one process; "
+                                            f"{len(held)} processes hold one.")
+    from trainkit.engine.state import ProcessState
+
+    return torch.tensor(held[0], dtype=torch.int, device=ProcessState.get().device)
+
+
+def pad_input_tensors(tensor: Any, batch_size: int, num_processes: int, dim: int = 0) -> Any:
+    """Zero-pad every tensor along ``dim`` from ``batch_size`` rows to the next multiple of ``num_processes``
+    (at least ``num_processes``), so each process gets a share of the batch."""
+    target = max(num_processes, -(-batch_size // num_processes) * num_processes)
+
+    def pad(part: torch.Tensor) -> torch.Tensor:
+        shape = list(part.shape)
+        shape[dim] = target - batch_size + part.shape[dim]
+        padded = part.new_zeros(shape)
+        padded.narrow(dim, 0, part.shape[dim]).copy_(part)
+        return padded
+
+    return recursively_apply(pad, tensor, error_on_other_type=True)
+
+
+@contextlib.contextmanager
+def GatheredParameters(params: Any, modifier_rank: int | None = None, fwd_module: Any = None,  # noqa: N802
+                       enabled: bool = True) -> Iterator[None]:
+    """DeepSpeed ZeRO-3's parameter-gathering context. trainkit runs DeepSpeed configs on FSDP2/DDP without
+    ZeRO-3's partitioned parameters, so (as in Accelerate without ZeRO-3 init) there is nothing to gather."""
+    yield
+
+
+def convert_to_fp32(tensor: Any) -> Any:
+    """Turn every float16/bfloat16 tensor of a nest into float32, keeping container types."""
+    return to_float32(tensor)
 
 
 def reduce(tensor: Any, reduction: str = "mean", scale: float = 1.0) -> Any:
@@ -90,21 +174,6 @@ def slice_tensors(data: Any, tensor_slice: slice, process_index: int | None = No
     return recursively_apply(lambda t: t[tensor_slice], data)
 
 
-def find_batch_size(data: Any) -> int:
-    """The size of the first dimension of the first tensor found in ``data``."""
-    if isinstance(data, (tuple, list)):
-        if not data:
-            raise ValueError("find_batch_size: cannot find a batch size in an empty sequence.")
-        return find_batch_size(data[0])
-    if isinstance(data, Mapping):
-        for value in data.values():
-            return find_batch_size(value)
-        raise ValueError("find_batch_size: cannot find a batch size in an empty mapping.")
-    if not isinstance(data, torch.Tensor):
-        raise TypeError(f"find_batch_size: expected tensors, got {type(data).__name__}.")
-    return data.shape[0]
-
-
 def find_device(data: Any) -> torch.device | None:
     """The device of the first tensor found in ``data`` (None when there is none)."""
     if isinstance(data, torch.Tensor):
@@ -122,19 +191,14 @@ def listify(data: Any) -> Any:
     return recursively_apply(lambda t: t.tolist(), data)
 
 
-def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True, **kwargs: Any) -> nn.Module:
-    """The user's module inside DDP / DataParallel / torch.compile (FSDP2 shards in place: the module itself)."""
-    inner = model
-    while True:
-        if isinstance(inner, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            inner = inner.module
-        elif hasattr(inner, "_orig_mod"):
-            inner = inner._orig_mod
-        else:
-            break
-    if not keep_fp32_wrapper and hasattr(inner, "_trainkit_original_forward"):
-        inner.forward = inner.__dict__.pop("_trainkit_original_forward")
-    return inner
+def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True,
+                                recursive: bool = False) -> nn.Module:
+    """The user's module inside DDP / DataParallel (FSDP2 shards in place: the module itself); a
+    ``torch.compile`` wrapper is kept around it unless ``keep_torch_compile=False``."""
+    from trainkit.engine.unwrapping import extract_model
+
+    return extract_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile,
+                         recursive=recursive)
 
 
 def wait_for_everyone() -> None:

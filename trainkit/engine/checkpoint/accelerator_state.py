@@ -23,6 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from trainkit.engine.accelerator_api import run_load_state_pre_hooks, run_save_state_pre_hooks
 from trainkit.engine.data import PreparedDataLoader
 
 from . import model_state, state_io
@@ -135,6 +136,7 @@ def save_accelerator_state(accelerator: Accelerator, output_dir: str | os.PathLi
     # except a damaged one (skipped by the resume that led here), which is kept aside as checkpoint_N.damaged-*.
     with atomic_checkpoint(final_dir, metadata={"kind": "accelerator_state"}, replace=not automatic,
                            set_aside_damaged=automatic) as staging:
+        run_save_state_pre_hooks(accelerator, accelerator.prepared.models, staging)
         write_state_files(accelerator, staging, sharded, dataloaders)
     if automatic:
         config.iteration += 1
@@ -194,6 +196,7 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     strategy, prepared = accelerator.strategy, accelerator.prepared
     tracked_loaders = _tracked_loaders(prepared, dataloaders)
     _check_counts(info, prepared, tracked_loaders)
+    run_load_state_pre_hooks(accelerator, prepared.models, directory)
 
     # Read and check everything first ...
     pending = [model_state.prepare_model_load(strategy, model, directory, i) for i, model in enumerate(prepared.models)]

@@ -1,0 +1,279 @@
+"""Accelerate API behaviours a user hit as gaps (issue 23): unwrap_model's compile option, the state resets,
+a settable distributed_type, reduce's reductions, synchronize_rng_states, the checkpoint file-name constants.
+
+CPU, one process, except :func:`test_collectives_and_rng_sync_on_two_gloo_ranks` (2 gloo ranks on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tests.distributed import run_torchrun
+from trainkit import Accelerator
+from trainkit.engine.state import ProcessState
+from trainkit.state import AcceleratorState, GradientState, PartialState
+
+WORKER = Path(__file__).parent / "workers" / "api_fix_checks.py"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state():
+    yield
+    ProcessState.reset()
+
+
+def test_unwrap_model_keeps_a_compile_wrapper_unless_told_not_to():
+    accelerator = Accelerator(cpu=True)
+    model = nn.Linear(2, 2)
+    prepared = accelerator.prepare(torch.compile(model))
+    kept = accelerator.unwrap_model(prepared)  # keep_torch_compile=True is Accelerate's default
+    assert kept is prepared and kept._orig_mod is model
+    assert accelerator.unwrap_model(prepared, keep_torch_compile=None) is model  # None and False drop it
+    assert accelerator.unwrap_model(prepared, keep_torch_compile=False) is model
+    assert accelerator.unwrap_model(model, keep_fp32_wrapper=False, keep_torch_compile=False) is model
+
+
+def test_unwrap_model_keep_fp32_wrapper_false_restores_the_original_forward():
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model = accelerator.prepare(nn.Linear(2, 2))
+    assert getattr(model.forward, "__func__", None) is not nn.Linear.forward  # the autocast forward
+    inner = accelerator.unwrap_model(model, keep_fp32_wrapper=False, keep_torch_compile=None)
+    assert inner.forward.__func__ is nn.Linear.forward
+    assert inner(torch.ones(1, 2)).grad_fn.name() == "AddmmBackward0"  # plain fp32 matmul, no autocast cast
+
+
+def test_prepare_after_accelerator_state_reset_raises_until_a_new_accelerator():
+    accelerator = Accelerator(cpu=True)
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError, match=r"_reset_state\(\)` was called"):
+        accelerator.prepare(nn.Linear(2, 2))
+    with pytest.raises(AttributeError, match="distributed_type"):
+        _ = accelerator.distributed_type
+    Accelerator(cpu=True)  # re-creates the state, as in Accelerate: the old Accelerator works again
+    assert isinstance(accelerator.prepare(nn.Linear(2, 2)), nn.Linear)
+
+
+def test_full_reset_forgets_the_process_state():
+    first = PartialState(cpu=True)
+    accelerator = Accelerator(cpu=True)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    with pytest.raises(AttributeError, match="AcceleratorState"):
+        accelerator.prepare(nn.Linear(2, 2))
+    assert PartialState(cpu=True) is not first
+    PartialState._reset_state()
+    assert ProcessState._instance is None
+
+
+def test_gradient_state_reset_gives_a_fresh_state():
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    assert GradientState() is accelerator.gradient_state
+    GradientState._reset_state()
+    fresh = GradientState()
+    assert fresh is not accelerator.gradient_state and fresh.sync_gradients
+    second = Accelerator(cpu=True)
+    assert GradientState() is second.gradient_state
+
+
+def test_distributed_type_is_settable_and_validated():
+    accelerator = Accelerator(cpu=True)
+    state = AcceleratorState()
+    state.distributed_type = "MULTI_GPU"
+    from trainkit.utils import DistributedType
+
+    assert state.distributed_type is DistributedType.MULTI_GPU
+    assert accelerator.distributed_type is DistributedType.MULTI_GPU and PartialState().distributed_type == "MULTI_GPU"
+    with pytest.raises(ValueError, match="MULTI_CPU"):
+        state.distributed_type = "MULTI_TPU"
+
+
+def test_reduce_accepts_accelerates_reductions_and_names_them_on_bad_input():
+    accelerator = Accelerator(cpu=True)
+    tensor = torch.tensor([1.0, 2.0])
+    for reduction in ("sum", "mean", "max", "none"):
+        assert accelerator.reduce(tensor, reduction=reduction).tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match="'max'"):
+        accelerator.reduce(tensor, reduction="product")
+
+
+def test_checkpoint_file_names_match_what_save_model_writes(tmp_path):
+    from trainkit.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.save_model(accelerator.prepare(nn.Linear(2, 2)), tmp_path)
+    assert (tmp_path / SAFE_WEIGHTS_NAME).is_file()
+    assert SAFE_WEIGHTS_INDEX_NAME == SAFE_WEIGHTS_NAME + ".index.json" and WEIGHTS_NAME.endswith(".bin")
+
+
+def test_synchronize_rng_states_on_one_process_keeps_the_state():
+    from trainkit.utils import synchronize_rng_states
+
+    generator = torch.Generator().manual_seed(3)
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
+    synchronize_rng_states(["torch", "generator"], generator=generator)
+    assert torch.equal(torch.rand(2), expected)
+    with pytest.raises(ValueError, match="generator"):
+        synchronize_rng_states(["generator"])
+    with pytest.raises(NotImplementedError, match="NPU"):
+        synchronize_rng_states(["npu"])
+
+
+@pytest.mark.multiprocess
+def test_collectives_and_rng_sync_on_two_gloo_ranks(tmp_path):
+    run_torchrun(WORKER, tmp_path, nproc=2, timeout=300)
+    r0, r1 = (json.loads((tmp_path / f"report_rank{r}.json").read_text()) for r in range(2))
+    for report in (r0, r1):
+        assert report["world"] == 2
+        assert report["accelerator_sum"] == [3.0, 7.0] and report["accelerator_mean"] == [1.5, 3.5]
+        assert report["accelerator_max"] == [2.0, 5.0] and report["utils_default"] == [1.5, 3.5]
+        assert "'max'" in report["bad_reduction"] and report["debug"] is True
+        assert "shapes differ" in report["mismatch"] and report["held_shape"] == [3, 2]
+    assert r0["accelerator_none"] == [1.0, 5.0] and r1["accelerator_none"] == [2.0, 2.0]
+    assert r0["before"][0] != r1["before"][0] and r0["before"][1] != r1["before"][1]
+    assert r0["after"] == r1["after"]  # both generators now follow rank 0's state
+
+
+def test_state_pre_hooks_see_the_models_and_write_into_the_checkpoint(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(nn.Linear(2, 2))
+    seen: dict = {}
+
+    def save_hook(models, weights, output_dir):
+        seen["saved"] = (len(models), sorted(weights[0]))
+        Path(output_dir, "extra.json").write_text("{}")
+
+    handle = accelerator.register_save_state_pre_hook(save_hook)
+    accelerator.register_load_state_pre_hook(lambda models, input_dir: seen.setdefault("loaded", input_dir))
+    folder = accelerator.save_state(tmp_path / "ckpt")
+    assert seen["saved"] == (1, ["bias", "weight"]) and (Path(folder) / "extra.json").is_file()
+    accelerator.load_state(folder)
+    assert seen["loaded"] == folder
+    handle.remove()
+    seen.clear()
+    accelerator.save_state(tmp_path / "ckpt")
+    assert "saved" not in seen
+    accelerator.register_save_state_pre_hook(lambda models, weights, output_dir: models.pop())
+    with pytest.raises(NotImplementedError, match="removed models"):
+        accelerator.save_state(tmp_path / "other")
+    assert model is not None
+
+
+def test_accelerator_attributes_under_accelerates_names():
+    from trainkit.utils import DataLoaderConfiguration, ProjectConfiguration
+
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(non_blocking=True),
+                              project_config=ProjectConfiguration(iteration=3))
+    assert accelerator.non_blocking is True and accelerator.use_stateful_dataloader is False
+    assert accelerator.save_iteration == 3 and accelerator.should_save_model is True
+    assert accelerator.is_fsdp2 is False and accelerator.multi_device is False
+    assert accelerator.parallelism_config is None and accelerator.torch_device_mesh is None
+    ran = []
+    accelerator.on_local_process(lambda: ran.append("local0"), local_process_index=0)()
+    accelerator.on_process(process_index=1)(lambda: ran.append("p1"))()
+    accelerator.on_main_process()(lambda: ran.append("main"))()
+    assert ran == ["local0", "main"]
+    with pytest.raises(ValueError, match="process_index"):
+        accelerator.on_process(lambda: None)
+    with accelerator.maybe_context_parallel():
+        pass
+    model = nn.Linear(2, 2)
+    assert accelerator.verify_device_map(model) is False
+    model.hf_device_map = {"a": 0, "b": "cpu"}
+    assert accelerator.verify_device_map(model) is True
+    with pytest.raises(RuntimeError, match="process_index"):
+        _ = accelerator.data_parallel_rank
+
+
+@pytest.mark.parametrize("argument", ["torch_tp_plugin", "parallelism_config", "deepspeed_plugins"])
+def test_parallelism_arguments_trainkit_does_not_drive_are_refused(argument):
+    with pytest.raises(NotImplementedError, match=argument):
+        Accelerator(cpu=True, **{argument: object()})
+
+
+def test_state_module_helpers():
+    from trainkit.state import ThreadLocalSharedDict, do_nothing, is_initialized
+
+    ProcessState.reset()
+    assert is_initialized() is False
+    accelerator = Accelerator(cpu=True)
+    assert is_initialized() is True and do_nothing(1, key=2) is None
+    AcceleratorState._reset_state()
+    assert is_initialized() is False
+
+    class Shared:
+        state = ThreadLocalSharedDict()
+
+    first, second = Shared(), Shared()
+    first.state["key"] = 1
+    assert second.state == {"key": 1} and Shared.state is first.state
+    assert accelerator is not None
+
+
+def test_state_deepspeed_plugin_lookup_and_fsdp2_flag():
+    from trainkit.utils import DeepSpeedPlugin
+
+    state = Accelerator(cpu=True).state
+    assert state.is_fsdp2 is False and state.deepspeed_plugins == {}
+    with pytest.raises(ValueError, match="DeepSpeed config"):
+        state.get_deepspeed_plugin("default")
+    plugin = DeepSpeedPlugin(zero_stage=0)
+    Accelerator(cpu=True, deepspeed_plugin=plugin)
+    assert AcceleratorState().get_deepspeed_plugin("default") is plugin
+    AcceleratorState().select_deepspeed_plugin()
+    with pytest.raises(KeyError, match="other"):
+        AcceleratorState().select_deepspeed_plugin("other")
+
+
+def test_gradient_state_answers_accelerates_attributes():
+    from torch.utils.data import DataLoader
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    state = GradientState()
+    assert state.num_steps == 2 and state.sync_with_dataloader and state.adjust_scheduler and state.initialized
+    assert state.is_xla_gradients_synced is False and state.dataloader_references == [None]
+    loader = accelerator.prepare(DataLoader(list(range(4)), batch_size=2))
+    for _ in loader:
+        assert state.dataloader_references == [None, loader]
+    assert state.dataloader_references == [None]
+
+
+def test_dataclasses_module_names():
+    from trainkit.utils import dataclasses as tk_dataclasses
+    from trainkit.utils.enums import LoggerType
+
+    assert isinstance(LoggerType, tk_dataclasses.EnumWithContains) and issubclass(LoggerType, tk_dataclasses.BaseEnum)
+    model = nn.Sequential(nn.Linear(1, 1), nn.Sequential(nn.ReLU()))
+    assert tk_dataclasses.get_module_class_from_name(model, "ReLU") is nn.ReLU
+    assert tk_dataclasses.get_module_class_from_name(model, "Conv2d") is None
+    from trainkit import FullyShardedDataParallelPlugin
+
+    assert tk_dataclasses.FullyShardedDataParallelPlugin is FullyShardedDataParallelPlugin
+
+
+@pytest.mark.multiprocess
+def test_notebook_launcher_takes_accelerates_rendezvous_arguments(monkeypatch):
+    from tests.engine.workers.launched_function import rank_sum
+    from trainkit import notebook_launcher
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # 2 CPU processes with gloo
+    results = notebook_launcher(rank_sum, (10,), num_processes=2, rdzv_backend="static", rdzv_id="tk-test",
+                                monitor_interval=0.05, max_restarts=0)
+    assert results == {0: (0, 2, 21.0), 1: (1, 2, 21.0)}
+    with pytest.raises(ValueError, match="etcd"):
+        notebook_launcher(rank_sum, (0,), num_processes=2, rdzv_backend="etcd")
+
+
+def test_plugin_defaults_left_unset_mean_accelerates_defaults():
+    from trainkit.utils import DeepSpeedPlugin, TorchDynamoPlugin
+
+    plugin = TorchDynamoPlugin()  # backend/fullgraph/use_regional_compilation default to None, as in Accelerate
+    assert (plugin.backend, plugin.fullgraph, plugin.use_regional_compilation, plugin.enabled) == ("no", False, False,
+                                                                                                   False)
+    assert TorchDynamoPlugin(backend="EAGER", fullgraph=True).compile_kwargs()["fullgraph"] is True
+    assert DeepSpeedPlugin(zero_stage=0).enable_msamp is None

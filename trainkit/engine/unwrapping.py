@@ -1,0 +1,74 @@
+"""Taking a prepared model apart again: the user's module inside DDP / DataParallel / torch.compile wrappers.
+
+One function serves ``Accelerator.unwrap_model`` and ``trainkit.utils.extract_model_from_parallel``, with
+Accelerate's options: ``keep_fp32_wrapper=False`` restores the forward that mixed precision replaced, and
+``keep_torch_compile`` decides whether a ``torch.compile`` wrapper (``OptimizedModule``) comes back around
+the unwrapped module or is dropped. trainkit's own compilation is in place (no wrapper), so the option only
+matters for a model the script compiled itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+_PARALLEL_WRAPPERS = (nn.parallel.DistributedDataParallel, nn.DataParallel)
+
+
+def is_compiled_module(module: nn.Module) -> bool:
+    """True for the wrapper ``torch.compile(module)`` returns (an ``OptimizedModule``)."""
+    import torch._dynamo
+
+    return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
+
+
+def has_compiled_regions(module: nn.Module) -> bool:
+    """True when a submodule is a ``torch.compile`` wrapper (regional compilation by the script)."""
+    return any(is_compiled_module(child) for child in module.modules() if child is not module)
+
+
+def _compiled_inner(compiled: nn.Module) -> nn.Module:
+    inner = compiled._orig_mod
+    assert isinstance(inner, nn.Module)
+    return inner
+
+
+def _strip_parallel(model: nn.Module, strategy_unwrap: Callable[[nn.Module], nn.Module] | None) -> nn.Module:
+    if strategy_unwrap is not None:
+        model = strategy_unwrap(model)
+    while isinstance(model, _PARALLEL_WRAPPERS):
+        model = model.module
+    return model
+
+
+def _unwrap_children(module: nn.Module) -> nn.Module:
+    """``recursive=True``: replace wrapped submodules by the modules they wrap, all the way down."""
+    inner = module.module if isinstance(module, _PARALLEL_WRAPPERS) else module
+    for name, child in list(inner.named_children()):
+        setattr(inner, name, _unwrap_children(child))
+    return inner
+
+
+def extract_model(model: nn.Module, *, keep_fp32_wrapper: bool = True, keep_torch_compile: bool | None = None,
+                  recursive: bool = False,
+                  strategy_unwrap: Callable[[nn.Module], nn.Module] | None = None) -> nn.Module:
+    """The user's module inside ``model``'s wrappers.
+
+    ``keep_torch_compile`` truthy: a compile wrapper (outside or inside the parallel wrapper) is returned around
+    the unwrapped module; falsy (None included, Accelerate's ``unwrap_model`` default): the bare module.
+    """
+    compiled: nn.Module | None = None
+    if is_compiled_module(model):
+        compiled, model = model, _compiled_inner(model)
+    model = _strip_parallel(model, strategy_unwrap)
+    if compiled is None and is_compiled_module(model):  # the script compiled before prepare
+        compiled, model = model, _strip_parallel(_compiled_inner(model), strategy_unwrap)
+    if recursive:
+        model = _unwrap_children(model)
+    if not keep_fp32_wrapper and "_trainkit_original_forward" in model.__dict__:
+        model.forward = model.__dict__.pop("_trainkit_original_forward")
+    if keep_torch_compile and compiled is not None:
+        compiled._orig_mod = model
+        return compiled
+    return model

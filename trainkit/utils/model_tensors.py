@@ -1,0 +1,180 @@
+"""Inspecting a model's tensors, as ``accelerate.utils`` offers it: tied parameters, storage identity, byte
+sizes, sub-state-dicts, and loading weights without unpickling arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+class CustomDtype(enum.Enum):
+    """Sub-byte and fp8 element types that torch has no dtype for (sizes in :func:`dtype_byte_size`)."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
+    """Groups of parameter names that share one parameter object (e.g. tied input/output embeddings)."""
+    groups: dict[int, list[str]] = defaultdict(list)
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        groups[id(parameter)].append(name)
+    return sorted(sorted(names) for names in groups.values() if len(names) > 1)
+
+
+def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
+    """Make each group of names point at one parameter again (the first one not on the meta device)."""
+    for group in tied_params:
+        owners = [(model.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2]) for name in group]
+        keep = next((getattr(module, attr) for module, attr in owners
+                     if getattr(module, attr).device != torch.device("meta")), None)
+        if keep is not None:
+            for module, attr in owners:
+                setattr(module, attr, keep)
+
+
+def named_module_tensors(module: nn.Module, include_buffers: bool = True, recurse: bool = False,
+                         remove_non_persistent: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """The module's parameters, then (with ``include_buffers``) its buffers, by name."""
+    yield from module.named_parameters(recurse=recurse)
+    if not include_buffers:
+        return
+    skipped: set[str] = set()
+    if remove_non_persistent:
+        for prefix, submodule in (module.named_modules() if recurse else [("", module)]):
+            skipped |= {f"{prefix}.{name}" if prefix else name for name in submodule._non_persistent_buffers_set}
+    for name, buffer in module.named_buffers(recurse=recurse):
+        if name not in skipped:
+            yield name, buffer
+
+
+def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
+    """(device, storage address, storage size): equal for tensors that share memory."""
+    storage = tensor.untyped_storage()
+    return tensor.device, storage.data_ptr(), storage.nbytes()
+
+
+def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
+    """Keep one name per shared storage (safetensors refuses aliasing) and make every tensor contiguous."""
+    by_storage: dict[Any, list[str]] = defaultdict(list)
+    for name, tensor in state_dict.items():
+        if isinstance(tensor, torch.Tensor):
+            by_storage[id_tensor_storage(tensor)].append(name)
+    removed = [name for names in by_storage.values() for name in names[1:]]
+    for name in removed:
+        del state_dict[name]
+    if removed:
+        logger.warning("Removed shared tensors %s while saving: they alias another entry.", removed)
+    return {key: value.contiguous() if isinstance(value, torch.Tensor) else value for key, value in state_dict.items()}
+
+
+def dtype_byte_size(dtype: torch.dtype | CustomDtype) -> float:
+    """Bytes per element of ``dtype`` (``torch.bool``: 1/8, ``CustomDtype.INT4``: 1/2)."""
+    if dtype == torch.bool:
+        return 1 / 8
+    special = {CustomDtype.INT2: 1 / 4, CustomDtype.INT4: 1 / 2, CustomDtype.FP8: 1.0}
+    if isinstance(dtype, CustomDtype):
+        return special[dtype]
+    if "float8" in str(dtype):
+        return 1.0
+    bits = re.search(r"[^\d](\d+)_?", str(dtype))
+    if bits is None:
+        raise ValueError(f"dtype_byte_size: {dtype} is not a sized dtype.")
+    return int(bits.group(1)) / 8
+
+
+_UNITS = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string with a unit ("5GB" = 5e9, "5GiB" = 5 * 2**30; "b" for bits)."""
+    if isinstance(size, int):
+        return size
+    text = size.upper()
+    for unit, factor in _UNITS.items():
+        if text.endswith(unit):
+            try:
+                value = int(float(size[: -len(unit)]) * factor)
+            except ValueError:
+                break
+            return value // 8 if size.endswith("b") else value
+    raise ValueError(f"size {size!r} is not valid: use an integer of bytes or a string with a unit, like '5.0GB'.")
+
+
+def compute_module_sizes(model: nn.Module, dtype: str | torch.dtype | None = None,
+                         special_dtypes: dict[str, str | torch.dtype] | None = None,
+                         buffers_only: bool = False) -> dict[str, int]:
+    """Bytes of every submodule (by name, "" for the whole model), counting each tensor in ``dtype`` when
+    given (never larger than its own dtype) and ``special_dtypes[name]`` for the names listed there."""
+    def as_dtype(value: str | torch.dtype) -> torch.dtype:
+        return getattr(torch, value.replace("torch.", "")) if isinstance(value, str) else value
+
+    sizes: dict[str, int] = defaultdict(int)
+    tensors = model.named_buffers(recurse=True) if buffers_only else named_module_tensors(model, recurse=True)
+    for name, tensor in tensors:
+        if special_dtypes is not None and name in special_dtypes:
+            size = tensor.numel() * dtype_byte_size(as_dtype(special_dtypes[name]))
+        elif dtype is not None:
+            size = tensor.numel() * min(dtype_byte_size(as_dtype(dtype)), dtype_byte_size(tensor.dtype))
+        else:
+            size = tensor.numel() * dtype_byte_size(tensor.dtype)
+        parts = name.split(".")
+        for depth in range(len(parts)):
+            sizes[".".join(parts[:depth])] += int(size)
+    return dict(sizes)
+
+
+def extract_submodules_state_dict(state_dict: dict[str, torch.Tensor], submodule_names: list[str]) -> dict:
+    """The entries of ``state_dict`` that belong to the named submodules (``h.1`` does not take ``h.10``)."""
+    return {key: value for name in submodule_names for key, value in state_dict.items()
+            if key == name or key.startswith(name + ".")}
+
+
+def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -> list[Any]:
+    """Every module, children before their parents (the model last); with ``return_fqns`` (name, module) pairs."""
+    ordered: list[Any] = []
+    stack: list[tuple[str, nn.Module]] = [("", model)]
+    while stack:
+        name, module = stack.pop()
+        stack.extend((f"{name}.{child_name}" if name else child_name, child)
+                     for child_name, child in module.named_children())
+        ordered.append((name, module) if return_fqns else module)
+    return ordered[::-1]
+
+
+def model_has_dtensor(model: nn.Module) -> bool:
+    """True when the model's parameters are DTensors (sharded by FSDP2)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(parameter, DTensor) for parameter in model.parameters())
+
+
+def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
+    """``torch.load`` that only loads tensors and plain containers (``weights_only=True`` unless told otherwise)."""
+    kwargs.setdefault("weights_only", True)
+    return torch.load(f, map_location=map_location, **kwargs)
+
+
+def load_state_dict(checkpoint_file: str, device_map: Any = None) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file, or of a torch checkpoint loaded with ``weights_only=True``, on CPU.
+
+    ``device_map`` belongs to big-model inference, which trainkit does not do: it is refused."""
+    if device_map is not None:
+        raise NotImplementedError("load_state_dict(device_map=...): trainkit does not do big-model inference; load "
+                                  "on CPU and prepare the model, or dispatch it with transformers' device_map.")
+    if str(checkpoint_file).endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(checkpoint_file, device="cpu")
+    return load(checkpoint_file, map_location="cpu")
