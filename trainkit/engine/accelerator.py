@@ -41,7 +41,8 @@ from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.identity import ProcessIdentity
 from trainkit.engine.precision import Precision
 from trainkit.engine.prepared import PreparedObjects
-from trainkit.engine.process_control import only_when, split_inputs
+from trainkit.engine.process_control import only_when
+from trainkit.engine.splitting import split_between
 from trainkit.engine.state import ProcessState
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.tracker_api import TrackerAPI
@@ -383,9 +384,17 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         return prepared
 
     def _shared_data_seed(self, dataloader: DataLoader) -> int:
-        """One shuffling seed for every rank: data_seed, else the sampler's generator seed, else torch's RNG."""
-        if self.dataloader_config.data_seed is not None:
-            return self.dataloader_config.data_seed
+        """One data seed for every rank (the main process's).
+
+        With ``use_seedable_sampler`` it orders the shuffling: ``data_seed``, else torch's initial seed (what
+        ``set_seed`` fixes), as in Accelerate. Otherwise it only seeds the loader's workers: ``data_seed``,
+        else the sampler's generator seed, else a draw from torch's RNG.
+        """
+        config = self.dataloader_config
+        if config.data_seed is not None:
+            return config.data_seed
+        if config.use_seedable_sampler:
+            return int(collectives.broadcast_object_list([torch.initial_seed()], from_process=0)[0])
         generator = getattr(getattr(dataloader, "sampler", None), "generator", None)
         if generator is not None:
             return int(generator.initial_seed())
@@ -481,8 +490,8 @@ class Accelerator(ProcessIdentity, TrackerAPI):
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's contiguous share of ``inputs`` (list, tuple, tensor or dict of them)."""
-        yield split_inputs(inputs, self.process_index, self.num_processes, apply_padding)
+        """Yield this process's contiguous share of ``inputs`` (see :mod:`trainkit.engine.splitting`)."""
+        yield split_between(inputs, self.process_index, self.num_processes, apply_padding)
 
     # -- models and state -------------------------------------------------------------------------
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True) -> nn.Module:

@@ -102,9 +102,6 @@ def announce_dataloader_options(config: DataLoaderConfiguration, project: Projec
         logger.warning("DataLoaderConfiguration(dispatch_batches=True): iterable datasets are read by the main "
                        "process and dispatched; map-style datasets are read by each process (its own part of the "
                        "same batches).")
-    if not config.use_seedable_sampler:
-        logger.warning("DataLoaderConfiguration(use_seedable_sampler=False): trainkit always shuffles with a seeded "
-                       "sampler (same order on every process, resumable).")
     if project.save_on_each_node:
         logger.warning("ProjectConfiguration(save_on_each_node=True): trainkit writes each checkpoint once, into "
                        "one folder; machines need a shared filesystem for multi-machine checkpoints.")
