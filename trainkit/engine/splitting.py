@@ -62,8 +62,10 @@ def _share(values: Any, start: int, end: int, padded_length: int | None) -> Any:
     last = values[-1:]
     if isinstance(part, torch.Tensor):
         return torch.cat([part, last.expand(missing, *last.shape[1:])])
-    if isinstance(part, (list, tuple)):
-        return part + type(part)(list(last) * missing)
+    if isinstance(part, tuple):
+        return part + tuple(last) * missing
+    if isinstance(part, list):
+        return part + list(last) * missing
     raise TypeError(f"split_between_processes(apply_padding=True) cannot pad a {type(values).__name__}; "
                     "pass a list, tuple, tensor or datasets.Dataset.")
 
