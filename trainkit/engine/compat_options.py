@@ -91,8 +91,9 @@ def resolve_compat_options(
         options.accumulation_steps = gradient_accumulation_plugin.num_steps
         options.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
     if rng_types:
-        logger.warning("Accelerator(rng_types=%s): no effect in trainkit; shuffling order comes from a seeded "
-                       "sampler (DataLoaderConfiguration.data_seed), identical on every process.", list(rng_types))
+        logger.warning("Accelerator(rng_types=%s): no effect in trainkit; a shuffled loader's generator is kept in "
+                       "step across processes by the loader itself (see DataLoaderConfiguration.use_seedable_sampler).",
+                       list(rng_types))
     return options
 
 
