@@ -169,7 +169,6 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
         self._loaded_from: str | None = None
-        self._data_seed: int | None = None
         self._trigger = 0
         self.step = 0
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
@@ -384,24 +383,23 @@ class Accelerator(ProcessIdentity, TrackerAPI):
         return prepared
 
     def _shared_data_seed(self, dataloader: DataLoader) -> int:
-        """One data seed for every rank (the main process's).
+        """One data seed for every rank (the main process's); reading it draws nothing from torch's RNG, so preparing
+        a loader leaves the random stream (dropout...) where Accelerate leaves it.
 
         With ``use_seedable_sampler`` it orders the shuffling: ``data_seed``, else torch's initial seed (what
-        ``set_seed`` fixes), as in Accelerate. Otherwise it only seeds the loader's workers: ``data_seed``,
-        else the sampler's generator seed, else a draw from torch's RNG.
+        ``set_seed`` fixes), as in Accelerate. Otherwise it seeds the loader's workers (and a stream's shard
+        order): ``data_seed``, else the sampler's generator seed, else torch's initial seed.
         """
         config = self.dataloader_config
         if config.data_seed is not None:
             return config.data_seed
-        if config.use_seedable_sampler:
-            return int(collectives.broadcast_object_list([torch.initial_seed()], from_process=0)[0])
         generator = getattr(getattr(dataloader, "sampler", None), "generator", None)
-        if generator is not None:
+        if not config.use_seedable_sampler and generator is not None:
             return int(generator.initial_seed())
-        if self._data_seed is None:
-            seed = torch.randint(0, 2**31 - 1, (1,))
-            self._data_seed = int(collectives.broadcast(seed, from_process=0).item())
-        return self._data_seed
+        seed = int(collectives.broadcast_object_list([torch.initial_seed()], from_process=0)[0])
+        if config.use_seedable_sampler and isinstance(getattr(dataloader, "sampler", None), torch.utils.data.RandomSampler):
+            return seed  # the seedable sampler's order: exactly Accelerate's initial seed
+        return seed % 2**31  # worker seeds and a stream's shard order scale it: keep it small
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A dataloader whose next pass starts ``num_batches`` batches in, without loading them."""
