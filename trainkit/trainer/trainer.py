@@ -580,8 +580,7 @@ class Trainer:
             log_metrics_block(split, metrics)
 
     def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
-        """Write ``{split}_results.json`` to ``output_dir``, and with ``combined`` merge ``metrics`` into
-        ``all_results.json`` there (main process)."""
+        """Write ``{split}_results.json`` (and merge into ``all_results.json`` if ``combined``) in output_dir."""
         if self.is_world_process_zero():
             write_metrics_file(self.args.output_dir, split, metrics, combined=combined)
 
