@@ -78,10 +78,17 @@ def prepare_data_loader(
     process_index = state.rank if process_index is None else process_index
     config = DataLoaderConfiguration(split_batches=split_batches, dispatch_batches=dispatch_batches,
                                      even_batches=even_batches, data_seed=data_seed, non_blocking=non_blocking,
-                                     use_stateful_dataloader=use_stateful_dataloader)
+                                     use_stateful_dataloader=use_stateful_dataloader,
+                                     use_seedable_sampler=use_seedable_sampler)
+    # The seedable sampler's order comes from data_seed, else torch's initial seed (Accelerate's rule); without
+    # it the seed only seeds the loader's workers.
     generator = getattr(getattr(dataloader, "sampler", None), "generator", None)
-    seed = data_seed if data_seed is not None else (int(generator.initial_seed()) if generator is not None
-                                                    else int(torch.initial_seed() % (2**31)))
+    if data_seed is not None:
+        seed = data_seed
+    elif use_seedable_sampler or generator is None:
+        seed = torch.initial_seed()
+    else:
+        seed = int(generator.initial_seed())
     return _prepare(dataloader, num_processes=num_processes, process_index=process_index,
                     device=(device or state.device) if put_on_device else None, gradient_state=GradientState(),
                     config=config, seed=seed)

@@ -108,7 +108,7 @@ def evaluate(model, loader, metric, accelerator):
 def main():
     args = parse_args()
     # One shuffling seed for every process (each then reads its own share of every global batch).
-    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(data_seed=args.seed))
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(data_seed=args.seed, use_seedable_sampler=True))
 
     with accelerator.main_process_first():  # process 0 downloads, the others then read its cache
         train_set, test_set = load_mnist(args)

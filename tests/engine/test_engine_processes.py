@@ -45,7 +45,7 @@ def test_data_parallel_matches_one_process_with_the_global_batch(run):
 
 
 @pytest.mark.parametrize("per_rank", [2, 1])
-def test_accumulation_matches_a_bigger_batch_including_the_short_last_window(run, per_rank):
+def test_accumulation_matches_a_bigger_batch_and_scales_the_short_last_window_like_accelerate(run, per_rank):
     world, out = run
     steps = 8 // (per_rank * world)
     ours = load_file(out / f"acc_b{per_rank}_k{steps}_n36.safetensors")

@@ -9,10 +9,12 @@ from trainkit import Accelerator
 from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 
-def _loader(stateful: bool):
-    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful,
-                                                                                      data_seed=5))
-    return accelerator.prepare(DataLoader(TensorDataset(torch.arange(20)), batch_size=4, shuffle=True))
+def _loader(stateful: bool, seedable: bool = True, generator: torch.Generator | None = None):
+    """seedable: the order comes from data_seed=5; else from ``generator`` (the user's, as Accelerate's default)."""
+    config = DataLoaderConfiguration(use_stateful_dataloader=stateful, data_seed=5, use_seedable_sampler=seedable)
+    accelerator = Accelerator(cpu=True, dataloader_config=config)
+    return accelerator.prepare(DataLoader(TensorDataset(torch.arange(20)), batch_size=4, shuffle=True,
+                                          generator=generator))
 
 
 def _epoch(loader) -> list[list[int]]:
@@ -67,3 +69,30 @@ def test_a_save_after_the_last_batch_resumes_at_the_next_epoch():
     resumed = _loader(stateful=False)
     resumed.load_state_dict(state)
     assert _epoch(resumed) == next_epoch
+
+
+def test_a_users_generator_is_restored_so_a_resume_replays_its_order():
+    """Not seedable: the order is the user's generator's; the checkpoint carries its state at the epoch's start."""
+    reference = _loader(stateful=True, seedable=False, generator=torch.Generator().manual_seed(3))
+    epochs = [_epoch(reference), _epoch(reference)]
+    interrupted = _loader(stateful=True, seedable=False, generator=torch.Generator().manual_seed(3))
+    state = _stopped_after(interrupted, 3)
+    resumed = _loader(stateful=True, seedable=False, generator=torch.Generator().manual_seed(77))
+    resumed.load_state_dict(state)
+    assert _epoch(resumed) == epochs[0][3:]
+    assert _epoch(resumed) == epochs[1]
+
+    after_last = _stopped_after(_loader(stateful=True, seedable=False, generator=torch.Generator().manual_seed(3)), 5)
+    resumed = _loader(stateful=True, seedable=False, generator=torch.Generator().manual_seed(77))
+    resumed.load_state_dict(after_last)
+    assert _epoch(resumed) == epochs[1]
+
+
+def test_a_users_generator_gives_the_plain_loaders_order():
+    """CPU, one process, Accelerate's default (no seedable sampler): the prepared loader shuffles exactly like
+    the same DataLoader unprepared, pass after pass, drawing from the user's generator."""
+    plain = DataLoader(TensorDataset(torch.arange(20)), batch_size=4, shuffle=True,
+                       generator=torch.Generator().manual_seed(11))
+    expected = [_epoch(plain), _epoch(plain)]
+    prepared = _loader(stateful=False, seedable=False, generator=torch.Generator().manual_seed(11))
+    assert [_epoch(prepared), _epoch(prepared)] == expected

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 from torch.utils.data import BatchSampler, SequentialSampler
 
 from trainkit.engine.data import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
@@ -67,13 +68,27 @@ def test_resume_on_another_world_size_continues_the_global_stream(old_world, new
 
 
 def test_seedable_sampler_depends_only_on_seed_and_epoch():
-    a, b = SeedableRandomSampler(50, seed=3), SeedableRandomSampler(50, seed=3)
-    assert list(a) == list(b) and sorted(a) == list(range(50))
+    """CPU, one process: the order is fixed by (data_seed, epoch); each pass advances the epoch; set_epoch replays."""
+    a = SeedableRandomSampler(range(50), data_seed=3)
+    b = SeedableRandomSampler(range(50), generator=torch.Generator().manual_seed(99), data_seed=3)
+    assert isinstance(a, torch.utils.data.RandomSampler)
     first = list(a)
-    a.set_epoch(1)
-    assert list(a) != first
-    b.set_epoch(1)
-    assert list(a) == list(b)
+    assert first == list(b) and sorted(first) == list(range(50)) and a.epoch == b.epoch == 1
+    second = list(a)
+    assert second != first and second == list(b)
+    a.set_epoch(0)
+    assert list(a) == first
+
+
+def test_seedable_sampler_reseeds_the_users_generator_from_torchs_initial_seed():
+    """CPU, one process: without data_seed the seed is torch's initial seed (set_seed fixes it) plus the epoch."""
+    torch.manual_seed(5)
+    generator = torch.Generator()
+    sampler = SeedableRandomSampler(range(20), generator=generator, num_samples=30, replacement=True)
+    drawn = list(sampler)
+    assert sampler.initial_seed == 5 and sampler.generator is generator and len(drawn) == 30
+    expected = torch.randint(20, (30,), generator=torch.Generator().manual_seed(5)).tolist()
+    assert drawn == expected
 
 
 def test_iterable_dataset_shard_pads_the_last_global_batch():

@@ -43,7 +43,8 @@ from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.identity import ProcessIdentity
 from trainkit.engine.precision import Precision
 from trainkit.engine.prepared import PreparedObjects
-from trainkit.engine.process_control import only_when, split_inputs
+from trainkit.engine.process_control import only_when
+from trainkit.engine.splitting import split_between
 from trainkit.engine.state import ProcessState, require_accelerator_state
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.tracker_api import TrackerAPI
@@ -177,7 +178,6 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
         self._loaded_from: str | None = None
-        self._data_seed: int | None = None
         self._trigger = 0
         self.step = 0
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
@@ -405,16 +405,23 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         return prepared
 
     def _shared_data_seed(self, dataloader: DataLoader) -> int:
-        """One shuffling seed for every rank: data_seed, else the sampler's generator seed, else torch's RNG."""
-        if self.dataloader_config.data_seed is not None:
-            return self.dataloader_config.data_seed
+        """One data seed for every rank (the main process's); reading it draws nothing from torch's RNG, so preparing
+        a loader leaves the random stream (dropout...) where Accelerate leaves it.
+
+        With ``use_seedable_sampler`` it orders the shuffling: ``data_seed``, else torch's initial seed (what
+        ``set_seed`` fixes), as in Accelerate. Otherwise it seeds the loader's workers (and a stream's shard
+        order): ``data_seed``, else the sampler's generator seed, else torch's initial seed.
+        """
+        config = self.dataloader_config
+        if config.data_seed is not None:
+            return config.data_seed
         generator = getattr(getattr(dataloader, "sampler", None), "generator", None)
-        if generator is not None:
+        if not config.use_seedable_sampler and generator is not None:
             return int(generator.initial_seed())
-        if self._data_seed is None:
-            seed = torch.randint(0, 2**31 - 1, (1,))
-            self._data_seed = int(collectives.broadcast(seed, from_process=0).item())
-        return self._data_seed
+        seed = int(collectives.broadcast_object_list([torch.initial_seed()], from_process=0)[0])
+        if config.use_seedable_sampler and isinstance(getattr(dataloader, "sampler", None), torch.utils.data.RandomSampler):
+            return seed  # the seedable sampler's order: exactly Accelerate's initial seed
+        return seed % 2**31  # worker seeds and a stream's shard order scale it: keep it small
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A dataloader whose next pass starts ``num_batches`` batches in, without loading them."""
@@ -486,8 +493,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's contiguous share of ``inputs`` (list, tuple, tensor or dict of them)."""
-        yield split_inputs(inputs, self.process_index, self.num_processes, apply_padding)
+        """Yield this process's contiguous share of ``inputs`` (see :mod:`trainkit.engine.splitting`)."""
+        yield split_between(inputs, self.process_index, self.num_processes, apply_padding)
 
     # -- models and state -------------------------------------------------------------------------
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True,

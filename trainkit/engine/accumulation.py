@@ -2,8 +2,10 @@
 
 A window closes every ``num_steps`` micro-batches, and also at the end of a dataloader, so the short
 last window of an epoch still steps. ``window_size`` is the number of micro-batches in the current
-window — ``Accelerator.backward`` divides the loss by it, so k micro-batches of b reproduce one batch
-of k·b exactly, the short window included.
+window. ``Accelerator.backward`` divides the loss by ``num_steps`` (Accelerate's rule, which scripts and
+``accelerate test`` compare against), so k micro-batches of b reproduce one batch of k·b, and a short
+last window of m micro-batches gives m/k of that smaller batch's gradient. Callers that want the short
+window exact weight their losses themselves through an explicit window, as the Trainer does.
 
 This is the one accumulation mechanism: ``Accelerator.accumulate`` opens windows implicitly (looking ahead
 in the active dataloader), the Trainer opens them explicitly (:meth:`GradientState.open_window`) once it
@@ -130,8 +132,8 @@ class GradientState(GradientStateAPI):
     def normalise_loss(self, loss: torch.Tensor, gradient_reduction: str, num_processes: int) -> torch.Tensor:
         """The loss to backpropagate so that gradients are those of the window's loss over all processes.
 
-        Implicit windows (``accumulate``): ``loss`` is this micro-batch's local mean; it is divided by the
-        window's length and the strategy averages over processes. Explicit windows: ``loss`` is already this
+        Implicit windows (``accumulate``): ``loss`` is this micro-batch's local mean; it is divided by
+        ``num_steps`` (also in a short last window, as Accelerate does) and the strategy averages over processes. Explicit windows: ``loss`` is already this
         process's share of the global loss, so gradients must add up over processes; a strategy that
         averages them ("mean") gets the loss multiplied by the number of processes to compensate.
         """
@@ -140,7 +142,7 @@ class GradientState(GradientStateAPI):
                 return loss * num_processes
             return loss
         if self.num_steps > 1:
-            return loss / self.window_size
+            return loss / self.num_steps
         return loss
 
     def reset(self) -> None:

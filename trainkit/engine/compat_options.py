@@ -91,8 +91,9 @@ def resolve_compat_options(
         options.accumulation_steps = gradient_accumulation_plugin.num_steps
         options.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
     if rng_types:
-        logger.warning("Accelerator(rng_types=%s): no effect in trainkit; shuffling order comes from a seeded "
-                       "sampler (DataLoaderConfiguration.data_seed), identical on every process.", list(rng_types))
+        logger.warning("Accelerator(rng_types=%s): no effect in trainkit; a shuffled loader's generator is kept in "
+                       "step across processes by the loader itself (see DataLoaderConfiguration.use_seedable_sampler).",
+                       list(rng_types))
     return options
 
 
@@ -102,9 +103,6 @@ def announce_dataloader_options(config: DataLoaderConfiguration, project: Projec
         logger.warning("DataLoaderConfiguration(dispatch_batches=True): iterable datasets are read by the main "
                        "process and dispatched; map-style datasets are read by each process (its own part of the "
                        "same batches).")
-    if not config.use_seedable_sampler:
-        logger.warning("DataLoaderConfiguration(use_seedable_sampler=False): trainkit always shuffles with a seeded "
-                       "sampler (same order on every process, resumable).")
     if project.save_on_each_node:
         logger.warning("ProjectConfiguration(save_on_each_node=True): trainkit writes each checkpoint once, into "
                        "one folder; machines need a shared filesystem for multi-machine checkpoints.")

@@ -189,10 +189,10 @@ class AccelerateStateAPI:
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's contiguous share of ``inputs`` (list, tuple, tensor or dict of them)."""
-        from trainkit.engine.process_control import split_inputs
+        """Yield this process's contiguous share of ``inputs`` (see :mod:`trainkit.engine.splitting`)."""
+        from trainkit.engine.splitting import split_between
 
-        yield split_inputs(inputs, self.rank, self.world_size, apply_padding)
+        yield split_between(inputs, self.rank, self.world_size, apply_padding)
 
     def destroy_process_group(self, group: Any = None) -> None:
         """Destroy ``group`` (default: the default process group), if it exists."""

@@ -11,7 +11,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -39,6 +38,10 @@ EVENTS = (
     "on_prediction_step",
     "on_push_begin",
 )
+
+
+DEFAULT_TRACKER_RUN = "logs"
+"""The trackers' folder under output_dir (metrics.jsonl, TensorBoard files) when TrainingArguments.run_name is None."""
 
 
 @dataclasses.dataclass
@@ -382,7 +385,9 @@ class TrackerCallback(TrainerCallback):
         if not self.started:
             # Trackers take flat scalars as hyperparameters (TensorBoard's hparams refuse lists and dicts).
             config = {k: v for k, v in args.to_dict().items() if isinstance(v, (int, float, str, bool))}
-            self.accelerator.init_trackers(args.run_name or os.path.basename(os.path.normpath(args.output_dir)), config=config)
+            # The engine's trackers write under project_dir (output_dir)/<run name>: without a run_name that
+            # folder is "logs", never output_dir's own name again (which nested out/out/).
+            self.accelerator.init_trackers(args.run_name or DEFAULT_TRACKER_RUN, config=config)
             self.started = True
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

@@ -145,8 +145,22 @@ def log_metrics_block(split: str, metrics: dict[str, float]) -> None:
     logger.info("***** %s metrics *****\n%s", split, lines)
 
 
-def write_metrics_file(output_dir: str, split: str, metrics: dict[str, float]) -> None:
-    """Write ``{split}_results.json`` into ``output_dir``."""
+def write_metrics_file(output_dir: str, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+    """Write ``{split}_results.json`` into ``output_dir``; ``combined`` also merges ``metrics`` into
+    ``all_results.json`` (what pipelines around transformers' example scripts read). Same layout as
+    transformers' files (4-space indent, sorted keys)."""
     os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, f"{split}_results.json"), "w", encoding="utf-8") as handle:
-        json.dump(metrics, handle, indent=2, sort_keys=True)
+    _write_json(os.path.join(output_dir, f"{split}_results.json"), metrics)
+    if combined:
+        path = os.path.join(output_dir, "all_results.json")
+        everything: dict[str, Any] = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as handle:
+                everything = json.load(handle)
+        everything.update(metrics)
+        _write_json(path, everything)
+
+
+def _write_json(path: str, values: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(values, handle, indent=4, sort_keys=True)

@@ -575,10 +575,10 @@ class Trainer:
         if self.is_world_process_zero():
             log_metrics_block(split, metrics)
 
-    def save_metrics(self, split: str, metrics: dict[str, float]) -> None:
-        """Write ``{split}_results.json`` to ``output_dir`` (main process)."""
+    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
+        """Write ``{split}_results.json`` (and merge into ``all_results.json`` if ``combined``) in output_dir."""
         if self.is_world_process_zero():
-            write_metrics_file(self.args.output_dir, split, metrics)
+            write_metrics_file(self.args.output_dir, split, metrics, combined=combined)
 
     def create_model_card(self, **card_fields: Any) -> None:
         """Write a draft model card (README.md) to ``output_dir``; keywords as transformers' (main process)."""

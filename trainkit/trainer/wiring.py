@@ -36,8 +36,9 @@ def engine_options(args: Any) -> dict[str, Any]:
     if chosen:
         handlers.append(DistributedDataParallelKwargs(**chosen))
     # The Trainer resumes at the exact next batch: its loader's position is restored, never replayed.
+    # transformers' Trainer shuffles with the seedable sampler (its accelerator_config default), from data_seed.
     data_config = DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed,
-                                          use_stateful_dataloader=True)
+                                          use_stateful_dataloader=True, use_seedable_sampler=True)
     for key, value in args.accelerator_config.items():
         if key == "use_configured_state":
             continue  # trainkit always reuses the process's existing state: what True asks for

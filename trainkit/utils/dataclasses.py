@@ -30,10 +30,13 @@ class DataLoaderConfiguration:
         must be a multiple of the number of processes); otherwise each process gets whole batches.
     even_batches: pad the last global batch with samples from the start of the epoch so every process
         gets batches of the same size (``gather_for_metrics`` drops the padding again).
-    use_seedable_sampler: trainkit always replaces a ``RandomSampler`` by a seeded one (same order on
-        every rank, resumable), so this is True by default; False is accepted with a one-line notice.
+    use_seedable_sampler: True replaces a ``RandomSampler`` by a :class:`SeedableRandomSampler` (order from
+        ``data_seed`` and the epoch alone). False (the default, as in Accelerate) keeps the user's sampler and
+        its generator, copied from the main process at each pass: every process draws the order one process
+        would, so training on N processes with the same global batch gives the one-process numbers.
+        Either way the order is the same on every process and a checkpoint replays it.
     non_blocking: copy batches to the device with ``non_blocking=True``.
-    data_seed: seed of the shuffling order; default: drawn from torch's RNG (so ``set_seed`` fixes it).
+    data_seed: seed of the seedable sampler's order; default: torch's initial seed (so ``set_seed`` fixes it).
     use_stateful_dataloader: ``load_state`` also restores each prepared loader's position inside its
         epoch (exact and reshardable; see docs/checkpoints.md). False (Accelerate's default): ``load_state``
         restores the epoch only and the script calls ``skip_first_batches`` for the batches already seen.
@@ -46,7 +49,7 @@ class DataLoaderConfiguration:
     split_batches: bool = False
     dispatch_batches: bool | None = None
     even_batches: bool = True
-    use_seedable_sampler: bool = True
+    use_seedable_sampler: bool = False
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False

@@ -38,14 +38,18 @@ def model() -> nn.Module:
 
 
 def reference(size: int, epochs: int = 2) -> dict[str, torch.Tensor]:
-    """A plain PyTorch loop: one process, global batch of 8, the same shuffling order."""
+    """A plain PyTorch loop: one process, global batch of 8, the same shuffling order.
+
+    A short last batch's loss counts for its share of a full batch: accumulation divides every micro-batch's
+    loss by the number of steps, also in the short last window (Accelerate's rule).
+    """
     data, net = dataset(size), model()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
     for epoch in range(epochs):
         order = torch.randperm(size, generator=torch.Generator().manual_seed(DATA_SEED + epoch)).tolist()
         for start in range(0, size, GLOBAL_BATCH):
             x, y = data[order[start : start + GLOBAL_BATCH]]
-            loss = nn.functional.mse_loss(net(x), y)
+            loss = nn.functional.mse_loss(net(x), y) * len(x) / GLOBAL_BATCH
             loss.backward()
             optimizer.step()
             optimizer.zero_grad()
@@ -54,7 +58,7 @@ def reference(size: int, epochs: int = 2) -> dict[str, torch.Tensor]:
 
 def with_accelerator(size: int, per_rank_batch: int, accumulation: int, epochs: int = 2) -> tuple[Accelerator, nn.Module]:
     accelerator = Accelerator(gradient_accumulation_steps=accumulation,
-                              dataloader_config=DataLoaderConfiguration(data_seed=DATA_SEED))
+                              dataloader_config=DataLoaderConfiguration(data_seed=DATA_SEED, use_seedable_sampler=True))
     net = model()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
     loader = DataLoader(dataset(size), batch_size=per_rank_batch, shuffle=True)
@@ -184,6 +188,8 @@ def precision_checks() -> dict:
 
 
 def data_checks(acc: Accelerator) -> dict:
+    # set_epoch(0) replays epoch 0's order: the seedable sampler's promise (a user's generator only moves on).
+    acc = Accelerator(dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     loader = acc.prepare(DataLoader(TensorDataset(torch.arange(32)), batch_size=4, shuffle=True))
     full = [b[0].tolist() for b in loader]
     loader.set_epoch(0)

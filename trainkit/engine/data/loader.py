@@ -31,6 +31,7 @@ from trainkit.utils.dataclasses import DataLoaderConfiguration
 from .device import send_to_device
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
 from .dispatch import dispatched_batches
+from .generator_sync import SyncedGenerator
 from .streams import StreamShard, TaggedCollate, agreement_device, stream_batches
 
 logger = logging.getLogger(__name__)
@@ -95,6 +96,8 @@ class PreparedDataLoader(DataLoader):
         self._stream_skip = 0
         self.real_counts: list[int] | None = None
         """For a stream: real (not padding) rows of the current batch on each rank; None otherwise."""
+        self.synced_generator: SyncedGenerator | None = None
+        """The user's shuffling generator, aligned across processes at each pass (non-seedable shuffling)."""
 
     # -- position ---------------------------------------------------------------------------------
     @property
@@ -124,6 +127,8 @@ class PreparedDataLoader(DataLoader):
         state: dict[str, Any] = {**self.progress.state_dict(), "seed": self.seed}
         if self.is_stream:
             state["stream"] = self._stream.state_dict(self.progress.epoch)
+        if self.synced_generator is not None:
+            state.update(self.synced_generator.state_dict(pass_finished=self.progress.last_batch_yielded))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -135,6 +140,8 @@ class PreparedDataLoader(DataLoader):
         """
         if "seed" in state:
             self._set_seed(int(state["seed"]))
+        if self.synced_generator is not None:
+            self.synced_generator.load_state_dict(state)
         if self.is_stream:
             if "stream" not in state:
                 raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
@@ -150,7 +157,7 @@ class PreparedDataLoader(DataLoader):
         self.seed = seed
         sampler = getattr(getattr(self._shard, "batch_sampler", None), "sampler", None)
         if isinstance(sampler, SeedableRandomSampler):
-            sampler.seed = seed
+            sampler.initial_seed = seed
 
     def batches_left(self) -> int | None:
         """Batches this rank will still get after the current one, or None when unknown."""
@@ -182,7 +189,9 @@ class PreparedDataLoader(DataLoader):
             self.progress.samples_seen = skip
             if self._shard is not None:  # None: an unbatched loader (batch_size=None) on one process
                 self._shard.skip_samples = skip
-        self._loader_generator.manual_seed(self.seed * 1_000_003 + epoch)
+            if self.synced_generator is not None:
+                self.synced_generator.begin_pass()
+        self._loader_generator.manual_seed((self.seed * 1_000_003 + epoch) % 2**63)
         self._yielded = 0
         self.end_of_dataloader = False
         self.remainder = -1
@@ -224,6 +233,8 @@ class PreparedDataLoader(DataLoader):
             self.gradient_state.pop(self)
             if finished:
                 self.progress.move_to(self.progress.epoch + 1)
+                if self.synced_generator is not None:
+                    self.synced_generator.end_pass()
 
     def _stream_iterator(self) -> Iterator[tuple[Any, list[int] | None, Any]]:
         """The stream's batches, agreed across ranks; batches skipped by ``skip_first_batches`` are read and dropped."""
@@ -265,17 +276,29 @@ class PreparedDataLoader(DataLoader):
 _END = object()
 
 
-def _seedable(batch_sampler: Any, seed: int) -> Any:
-    """Replace a RandomSampler inside ``batch_sampler`` by one whose order depends only on (seed, epoch)."""
+def _shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int, num_processes: int) -> tuple[Any, SyncedGenerator | None]:
+    """Make a ``RandomSampler`` inside ``batch_sampler`` give every process the same order.
+
+    use_seedable_sampler: it becomes a :class:`SeedableRandomSampler` (order from ``seed`` and the epoch),
+    keeping its generator. Otherwise it stays as it is, with a generator (one is made from torch's RNG if it
+    had none) that every process copies from the main one at each pass: the order one process would draw.
+    """
     sampler = getattr(batch_sampler, "sampler", None)
     if not isinstance(sampler, RandomSampler):
-        return batch_sampler
-    seedable = SeedableRandomSampler(len(sampler.data_source), seed, sampler.replacement, sampler._num_samples)
+        return batch_sampler, None
+    if not use_seedable_sampler:
+        if sampler.generator is None:
+            sampler.generator = torch.Generator()
+            sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+        return batch_sampler, SyncedGenerator(sampler.generator, num_processes)
+    seedable = SeedableRandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples,
+                                     generator=sampler.generator if sampler.generator is not None else torch.Generator(),
+                                     data_seed=seed)
     if type(batch_sampler) is BatchSampler:
-        return BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last)
+        return BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last), None
     replaced = copy.copy(batch_sampler)
     replaced.sampler = seedable
-    return replaced
+    return replaced, None
 
 
 def prepare_data_loader(
@@ -313,14 +336,20 @@ def prepare_data_loader(
                               "give it a batch_size or a batch_sampler.")
         return PreparedDataLoader(dataset, batch_size=None, sampler=dataloader.sampler, global_batch_size=None,
                                   **common, **kwargs)
-    batch_sampler = _seedable(dataloader.batch_sampler, seed)
+    batch_sampler, synced = _shuffling(dataloader.batch_sampler, config.use_seedable_sampler, seed, num_processes)
     batch_size = getattr(batch_sampler, "batch_size", None)
     if config.split_batches and batch_size is not None:
         _split_size(batch_size, num_processes)
     sharded = ShardedBatchSampler(batch_sampler, num_processes, process_index,
                                   split_batches=config.split_batches, even_batches=config.even_batches)
     global_size = None if batch_size is None else (batch_size if config.split_batches else batch_size * num_processes)
-    return PreparedDataLoader(dataset, batch_sampler=sharded, global_batch_size=global_size, **common, **kwargs)
+    prepared = PreparedDataLoader(dataset, batch_sampler=sharded, global_batch_size=global_size, **common, **kwargs)
+    prepared.synced_generator = synced
+    if synced is not None and dataloader.generator is synced.generator:
+        # A plain DataLoader draws each pass's worker base seed from its generator before the sampler draws
+        # the order: drawing it from the same (synchronised) generator keeps one process's order exactly.
+        prepared.generator = synced.generator
+    return prepared
 
 
 def _is_stream(dataset: Any) -> bool:

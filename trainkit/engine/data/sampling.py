@@ -12,33 +12,35 @@ import math
 from collections.abc import Iterable, Iterator, Sized
 
 import torch
-from torch.utils.data import IterableDataset, Sampler
+from torch.utils.data import IterableDataset, RandomSampler, Sampler
 
 
-class SeedableRandomSampler(Sampler[int]):
-    """A random permutation determined by ``(seed, epoch)`` alone: identical on every rank, replayable."""
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order is fixed by ``(initial_seed, epoch)``: identical on every rank, replayable.
 
-    def __init__(self, num_items: int, seed: int, replacement: bool = False, num_samples: int | None = None) -> None:
-        self.num_items = num_items
-        self.seed = seed
-        self.replacement = replacement
-        self.num_samples = num_samples if num_samples is not None else num_items
+    Takes ``RandomSampler``'s arguments (``generator`` included) plus ``data_seed``. At each pass the
+    generator (the user's, or one made here) is reseeded with ``initial_seed + epoch`` and the epoch then
+    advances by one, so consecutive passes differ and :meth:`set_epoch` replays any of them.
+    ``initial_seed`` is ``data_seed``, else torch's initial seed when the sampler is built (what
+    ``set_seed`` fixes).
+    """
+
+    def __init__(self, data_source: Sized, replacement: bool = False, num_samples: int | None = None,
+                 generator: torch.Generator | None = None, *, data_seed: int | None = None) -> None:
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        self.initial_seed = int(data_seed) if data_seed is not None else torch.initial_seed()
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the permutation of ``epoch``."""
+        """Make the next pass draw ``epoch``'s permutation."""
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        if self.replacement:
-            yield from torch.randint(self.num_items, (self.num_samples,), generator=generator).tolist()
-        else:
-            yield from torch.randperm(self.num_items, generator=generator)[: self.num_samples].tolist()
-
-    def __len__(self) -> int:
-        return self.num_samples
+        if self.generator is None:
+            self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
 
 
 class _Padding:
