@@ -50,9 +50,6 @@ CLASSES_WITH_METHODS = [
 # Deliberate differences: "accelerate.path.Name", "accelerate.path.Class.method", or a bare "Name" (at every
 # path that exports it) -> why trainkit differs on purpose. docs/migrating-from-accelerate.md lists them too.
 ALLOWED_DIFFERENCES: dict[str, str] = {
-    "accelerate.data_loader.SeedableRandomSampler": "issue 23 item 2, sampler work in progress",
-    "DataLoaderConfiguration": "use_seedable_sampler defaults to True: trainkit always draws one seeded order that "
-                               "every process shares and a resume replays exactly (Accelerate's default is False)",
     "accelerate.Accelerator(gradient_accumulation_steps)": "None means \"not set\", so the launcher's value applies "
                                                           "and an explicit 1 still overrides it (Accelerate: 1)",
     "accelerate.Accelerator(cpu)": "None means \"not set\", so `trainkit launch --cpu` applies and an explicit False "

@@ -43,6 +43,7 @@ from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.identity import ProcessIdentity
 from trainkit.engine.precision import Precision
 from trainkit.engine.prepared import PreparedObjects
+from trainkit.engine.data.sampling import shared_data_seed
 from trainkit.engine.process_control import only_when
 from trainkit.engine.splitting import split_between
 from trainkit.engine.state import ProcessState, require_accelerator_state
@@ -399,29 +400,10 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             device=self.device if place else None,
             gradient_state=self.gradient_state,
             config=self.dataloader_config,
-            seed=self._shared_data_seed(dataloader),
+            seed=shared_data_seed(dataloader, self.dataloader_config),
         )
         self._dataloaders.append(prepared)
         return prepared
-
-    def _shared_data_seed(self, dataloader: DataLoader) -> int:
-        """One data seed for every rank (the main process's); reading it draws nothing from torch's RNG, so preparing
-        a loader leaves the random stream (dropout...) where Accelerate leaves it.
-
-        With ``use_seedable_sampler`` it orders the shuffling: ``data_seed``, else torch's initial seed (what
-        ``set_seed`` fixes), as in Accelerate. Otherwise it seeds the loader's workers (and a stream's shard
-        order): ``data_seed``, else the sampler's generator seed, else torch's initial seed.
-        """
-        config = self.dataloader_config
-        if config.data_seed is not None:
-            return config.data_seed
-        generator = getattr(getattr(dataloader, "sampler", None), "generator", None)
-        if not config.use_seedable_sampler and generator is not None:
-            return int(generator.initial_seed())
-        seed = int(collectives.broadcast_object_list([torch.initial_seed()], from_process=0)[0])
-        if config.use_seedable_sampler and isinstance(getattr(dataloader, "sampler", None), torch.utils.data.RandomSampler):
-            return seed  # the seedable sampler's order: exactly Accelerate's initial seed
-        return seed % 2**31  # worker seeds and a stream's shard order scale it: keep it small
 
     def skip_first_batches(self, dataloader: DataLoader, num_batches: int = 0) -> DataLoader:
         """A dataloader whose next pass starts ``num_batches`` batches in, without loading them."""

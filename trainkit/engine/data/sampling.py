@@ -12,7 +12,10 @@ import math
 from collections.abc import Iterable, Iterator, Sized
 
 import torch
-from torch.utils.data import IterableDataset, RandomSampler, Sampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
+
+from trainkit.engine import collectives
+from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -224,3 +227,23 @@ class IterableDatasetShard(IterableDataset):
                 cycle = itertools.cycle(first)
                 buffer += [next(cycle) for _ in range(global_size - len(buffer))]
             yield from buffer[mine]
+
+
+def shared_data_seed(dataloader: DataLoader, config: DataLoaderConfiguration) -> int:
+    """One data seed for every rank (the main process's); reading it draws nothing from torch's RNG, so preparing
+    a loader leaves the random stream (dropout...) where Accelerate leaves it.
+
+    With ``use_seedable_sampler`` it orders the shuffling: ``data_seed``, else torch's initial seed (what
+    ``set_seed`` fixes), as in Accelerate. Otherwise it seeds the loader's workers (and a stream's shard
+    order): ``data_seed``, else the sampler's generator seed, else torch's initial seed.
+    """
+    if config.data_seed is not None:
+        return config.data_seed
+    sampler = getattr(dataloader, "sampler", None)
+    generator = getattr(sampler, "generator", None)
+    if not config.use_seedable_sampler and generator is not None:
+        return int(generator.initial_seed())
+    seed = int(collectives.broadcast_object_list([torch.initial_seed()], from_process=0)[0])
+    if config.use_seedable_sampler and isinstance(sampler, RandomSampler):
+        return seed  # the seedable sampler's order: exactly Accelerate's initial seed
+    return seed % 2**31  # worker seeds and a stream's shard order scale it: keep it small
