@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -13,30 +14,59 @@ from torch.utils.data import DataLoader
 
 from trainkit.engine.accumulation import GradientState
 from trainkit.engine.data import (
+    DataLoaderDispatcher,
+    DataLoaderStateMixin,
     IterableDatasetShard,
     PreparedDataLoader,
     SeedableRandomSampler,
     ShardedBatchSampler,
+    get_sampler,
     skip_batches,
 )
 from trainkit.engine.data import _SkipBatchSampler as SkipBatchSampler
 from trainkit.engine.data import prepare_data_loader as _prepare
 from trainkit.utils.dataclasses import DataLoaderConfiguration
 
-DataLoaderShard = PreparedDataLoader
 BatchSamplerShard = ShardedBatchSampler
+DataLoaderShard = PreparedDataLoader
 
-__all__ = ["BatchSamplerShard", "DataLoaderDispatcher", "DataLoaderShard", "IterableDatasetShard",
-           "SeedableRandomSampler", "SkipBatchSampler", "prepare_data_loader", "skip_first_batches"]
+__all__ = ["BatchSamplerShard", "DataLoaderAdapter", "DataLoaderDispatcher", "DataLoaderShard", "DataLoaderStateMixin",
+           "IterableDatasetShard", "SeedableRandomSampler", "SkipBatchSampler", "SkipDataLoader", "get_sampler", "prepare_data_loader",
+           "skip_first_batches"]
+
+class DataLoaderAdapter(DataLoader):
+    """Accelerate's base of its loaders: a DataLoader (torchdata's ``StatefulDataLoader`` is not used: trainkit's
+    prepared loaders save and restore their position themselves)."""
+
+    def __init__(self, dataset: Any, use_stateful_dataloader: bool = False, batch_sampler: Any = None,
+                 **kwargs: Any) -> None:
+        if use_stateful_dataloader:
+            raise ValueError("DataLoaderAdapter(use_stateful_dataloader=True): trainkit does not use torchdata's "
+                             "StatefulDataLoader; prepare the loader (Accelerator.prepare) and its position is saved "
+                             "by save_state and restored by load_state.")
+        super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
+        self.use_stateful_dataloader = use_stateful_dataloader
+
+    @property
+    def base_dataloader(self) -> DataLoader:
+        """The loader that does the work (this one)."""
+        return self
 
 
-class DataLoaderDispatcher:
-    """Accelerate's main-process-reads-and-sends loader. trainkit's processes each read their own part."""
+class SkipDataLoader(DataLoaderAdapter):
+    """A DataLoader whose passes start ``skip_batches`` batches in; the skipped batches are read and dropped (for any
+    dataset, iterable ones included). :func:`skip_first_batches` skips without reading where it can."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        raise NotImplementedError(
-            "DataLoaderDispatcher: trainkit has no dispatching loader; Accelerator.prepare gives every process the "
-            "same batches by reading its own part (DataLoaderConfiguration(dispatch_batches=True) is accepted).")
+    def __init__(self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False,
+                 **kwargs: Any) -> None:
+        super().__init__(dataset, use_stateful_dataloader=use_stateful_dataloader, **kwargs)
+        self.skip_batches = skip_batches
+
+    def __iter__(self) -> Any:
+        return itertools.islice(super().__iter__(), self.skip_batches, None)
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
 
 
 def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoader:

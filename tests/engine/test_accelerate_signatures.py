@@ -66,18 +66,6 @@ ALLOWED_DIFFERENCES: dict[str, str] = {
 # Not mirrored yet (issue 23 follow-up): each fails today, so each is a strict xfail; mirroring one makes its
 # test pass, and the strict xfail then fails until the entry is removed here. This list may only shrink.
 NOT_YET_MIRRORED = frozenset("""
-    accelerate.FullyShardedDataParallelPlugin accelerate.data_loader.BatchSamplerShard
-    accelerate.data_loader.DataLoaderAdapter accelerate.data_loader.DataLoaderDispatcher
-    accelerate.data_loader.DataLoaderShard accelerate.data_loader.DataLoaderShard.adjust_state_dict_for_prefetch
-    accelerate.data_loader.DataLoaderShard.begin accelerate.data_loader.DataLoaderShard.end
-    accelerate.data_loader.DataLoaderShard.end_of_dataloader accelerate.data_loader.DataLoaderShard.get_sampler
-    accelerate.data_loader.DataLoaderShard.load_state_dict accelerate.data_loader.DataLoaderShard.remainder
-    accelerate.data_loader.DataLoaderShard.reset accelerate.data_loader.DataLoaderShard.set_sampler
-    accelerate.data_loader.DataLoaderShard.total_batch_size
-    accelerate.data_loader.DataLoaderShard.total_dataset_length accelerate.data_loader.DataLoaderStateMixin
-    accelerate.data_loader.IterableDatasetShard accelerate.data_loader.SkipBatchSampler
-    accelerate.data_loader.SkipDataLoader accelerate.data_loader.get_sampler
-    accelerate.utils.FullyShardedDataParallelPlugin accelerate.utils.dataclasses.FullyShardedDataParallelPlugin
 """.split())
 PLAIN_DATA = (str, bytes, int, float, bool, type(None), tuple, list, dict, set, frozenset)
 

@@ -92,7 +92,7 @@ def test_seedable_sampler_reseeds_the_users_generator_from_torchs_initial_seed()
 
 
 def test_iterable_dataset_shard_pads_the_last_global_batch():
-    shards = [IterableDatasetShard(range(11), 2, 3, rank) for rank in range(3)]
+    shards = [IterableDatasetShard(range(11), 2, num_processes=3, process_index=rank) for rank in range(3)]
     outputs = [list(shard) for shard in shards]
     assert [len(o) for o in outputs] == [4, 4, 4]
     stream = [x for step in zip(*[[o[i:i + 2] for i in range(0, 4, 2)] for o in outputs]) for part in step for x in part]

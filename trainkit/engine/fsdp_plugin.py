@@ -41,8 +41,12 @@ class FullyShardedDataParallelPlugin:
     comes from").
     """
 
+    fsdp_version: int | None = None
+    """Accepted: trainkit always runs FSDP2; 1 is reported once and treated as 2."""
     sharding_strategy: Any = None
     """FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2, a number 1-5 or torch's enum."""
+    reshard_after_forward: bool | str | None = None
+    """Accelerate's FSDP2 spelling: True = FULL_SHARD, False = SHARD_GRAD_OP (overrides sharding_strategy)."""
     backward_prefetch: Any = None
     """BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH (or torch's ``BackwardPrefetch``)."""
     mixed_precision_policy: Any = None
@@ -68,24 +72,26 @@ class FullyShardedDataParallelPlugin:
     use_orig_params: bool | None = None
     """Accepted for compatibility; FSDP2 always exposes the original parameters (False gets a one-line notice
     when the Accelerator starts)."""
+    param_init_fn: Callable[[torch.nn.Module], None] | None = None
+    """Accepted as None only: an FSDP1 hook for materialising meta-device modules. FSDP2 materialises them
+    itself (``cpu_ram_efficient_loading``: empty storage, then rank 0's weights by broadcast)."""
     sync_module_states: bool | None = None
     """Broadcast rank 0's parameters and buffers before sharding (default true)."""
     forward_prefetch: bool | None = None
     """All-gather the next unit's parameters before running the current unit's forward."""
     activation_checkpointing: bool | None = None
     """Recompute each wrapped unit's activations during backward."""
+    activation_checkpointing_offload: bool | None = None
+    """Accepted as None/False only: trainkit's activation checkpointing keeps the saved inputs on the device."""
     cpu_ram_efficient_loading: bool | None = None
     """Only rank 0 needs real weights: other ranks may build the model on the meta device."""
     transformer_cls_names_to_wrap: list[str] | str | None = None
     """Class names wrapped as units under TRANSFORMER_BASED_WRAP (comma-separated string or list)."""
     min_num_params: int | None = None
     """Parameter threshold of SIZE_BASED_WRAP."""
-    reshard_after_forward: bool | str | None = None
-    """Accelerate's FSDP2 spelling: True = FULL_SHARD, False = SHARD_GRAD_OP (overrides sharding_strategy)."""
-    fsdp_version: int | None = None
-    """Accepted: trainkit always runs FSDP2; 1 is reported once and treated as 2."""
-    hybrid_shard_group_size: int | None = None
-    """HYBRID_SHARD*: processes per sharding group (default: the processes of one machine)."""
+    hybrid_shard_group_size: int | None = dataclasses.field(default=None, kw_only=True)
+    """HYBRID_SHARD*: processes per sharding group (default: the processes of one machine).
+    Keyword-only: a trainkit extension after Accelerate's parameters."""
     options: FSDPOptions = dataclasses.field(init=False, repr=False)
     """The validated options every other field resolved to (the plugin's own values over trainkit's defaults)."""
     explicit_options: dict[str, Any] = dataclasses.field(init=False, repr=False)
@@ -94,6 +100,7 @@ class FullyShardedDataParallelPlugin:
 
     def __post_init__(self) -> None:
         where = "FullyShardedDataParallelPlugin(...)"
+        self._refuse_fsdp1_only_options(where)
         values: dict[str, Any] = {}
         strategy = _enum_name(self.sharding_strategy)
         reshard = self.reshard_after_forward
@@ -144,6 +151,22 @@ class FullyShardedDataParallelPlugin:
         if self.options.cpu_ram_efficient_loading:
             load_on_rank0_only()  # before the script's from_pretrained: other ranks build on meta
 
+    def _refuse_fsdp1_only_options(self, where: str) -> None:
+        """Accelerate's options that trainkit's FSDP2 path cannot honour: the default only, else a clear error."""
+        if self.param_init_fn is not None:
+            raise ConfigError(
+                f"param_init_fn in {where} is not supported: it is an FSDP1 hook for materialising modules built on "
+                "the meta device, and trainkit runs FSDP2 only, which materialises them itself (empty storage, then "
+                "rank 0's weights by broadcast with cpu_ram_efficient_loading=True). Leave param_init_fn=None.")
+        if self.activation_checkpointing_offload:
+            if not self.activation_checkpointing:
+                raise ConfigError(f"activation_checkpointing_offload=True in {where} requires "
+                                  "activation_checkpointing=True.")
+            raise ConfigError(
+                f"activation_checkpointing_offload=True in {where} is not supported: trainkit's activation "
+                "checkpointing recomputes each wrapped unit from inputs kept on the device and does not move them to "
+                "CPU memory. Leave activation_checkpointing_offload unset (False).")
+
     def _write_back_normalised(self) -> None:
         """Show the resolved values in the plugin's own fields (Accelerate's scripts read them)."""
         options = self.options
@@ -158,6 +181,7 @@ class FullyShardedDataParallelPlugin:
                      "use_orig_params", "min_num_params", "hybrid_shard_group_size"):
             setattr(self, name, getattr(options, name))
         self.reshard_after_forward = options.reshard_after_forward
+        self.activation_checkpointing_offload = False  # the only value trainkit accepts (refused above otherwise)
 
     @classmethod
     def from_options(cls, options: FSDPOptions) -> FullyShardedDataParallelPlugin:

@@ -8,26 +8,28 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader
 
 from .device import send_to_device
-from .loader import DataProgress, PreparedDataLoader, prepare_data_loader
+from .loader import DataLoaderDispatcher, DataLoaderStateMixin, DataProgress, PreparedDataLoader, get_sampler, prepare_data_loader
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
 from .stream_sources import ShardedIterable
 from .streams import StreamShard
 
 
 class _SkipBatchSampler(BatchSampler):
-    """A batch sampler that passes over its first ``skip`` batches (indices only, no data loaded)."""
+    """A batch sampler that passes over its first ``skip_batches`` batches (indices only, no data loaded).
 
-    def __init__(self, batch_sampler: Any, skip: int) -> None:
+    Accelerate's ``SkipBatchSampler`` (``accelerate.data_loader``), with its signature."""
+
+    def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
         self.batch_sampler = batch_sampler
-        self.skip = skip
+        self.skip_batches = skip_batches
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = getattr(batch_sampler, "drop_last", False)
 
     def __iter__(self):  # type: ignore[override]
-        return itertools.islice(iter(self.batch_sampler), self.skip, None)
+        return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
     def __len__(self) -> int:
-        return max(len(self.batch_sampler) - self.skip, 0)
+        return max(len(self.batch_sampler) - self.skip_batches, 0)
 
 
 def skip_batches(dataloader: DataLoader, num_batches: int) -> DataLoader:
@@ -43,12 +45,15 @@ def skip_batches(dataloader: DataLoader, num_batches: int) -> DataLoader:
 
 
 __all__ = [
+    "DataLoaderDispatcher",
+    "DataLoaderStateMixin",
     "DataProgress",
     "IterableDatasetShard",
     "PreparedDataLoader",
     "SeedableRandomSampler",
     "ShardedBatchSampler",
     "ShardedIterable",
+    "get_sampler",
     "StreamShard",
     "prepare_data_loader",
     "send_to_device",

@@ -35,6 +35,8 @@ def batch_rows(batch: Any) -> int:
 def split_global_batch(batch: Any, num_processes: int, per_rank: int) -> tuple[list[Any], list[int]]:
     """Cut ``batch`` into ``num_processes`` slices of ``per_rank`` rows (filled by repeating rows); real rows of each."""
     rows = batch_rows(batch)
+    if num_processes == 1:
+        return [batch], [rows]  # one process: a short last batch stays short, as an undispatched loader's
     full = per_rank * num_processes
     if rows < full:
         index = torch.arange(full) % rows

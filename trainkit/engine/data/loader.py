@@ -67,12 +67,106 @@ class DataProgress:
         self.last_batch_yielded = False
 
 
-class PreparedDataLoader(DataLoader):
+def current_gradient_state() -> GradientState:
+    """The gradient state a loader built outside ``prepare`` reports to: the newest Accelerator's (Accelerate's
+    shared ``GradientState``), else a fresh one."""
+    from trainkit.engine.state import ProcessState  # the process state reaches the data layer: import on use
+
+    state = ProcessState._instance
+    accelerator = state.accelerator if state is not None and not getattr(state, "gradient_state_cleared", False) \
+        else None
+    return accelerator.gradient_state if accelerator is not None else GradientState()
+
+
+class DataLoaderStateMixin:
+    """Accelerate's end-of-pass bookkeeping for a loader that :class:`GradientState` watches.
+
+    ``end_of_dataloader`` turns true when the last batch of a pass is yielded and ``remainder`` is then the
+    number of real (not padding) samples in the last global batch (-1 when unknown). ``begin``/``end`` register
+    the loader as the active one with the gradient state (a prepared loader does it itself on each pass).
+    """
+
+    end_of_dataloader: bool = False
+    remainder: int = -1
+    gradient_state: GradientState
+
+    def reset(self) -> None:
+        """Clear the end-of-pass flags (at the start of a pass)."""
+        self.end_of_dataloader = False
+        self.remainder = -1
+
+    def begin(self) -> None:
+        """Start a pass: clear the flags and become the gradient state's active loader."""
+        self.reset()
+        if not hasattr(self, "gradient_state"):
+            self.gradient_state = current_gradient_state()
+        self.gradient_state.push(self)  # type: ignore[arg-type]
+
+    def end(self) -> None:
+        """End a pass: stop being the gradient state's active loader."""
+        self.gradient_state.pop(self)  # type: ignore[arg-type]
+
+
+class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     """A DataLoader that yields this rank's part of each global batch, already on the device."""
 
-    def __init__(self, dataset: Any, *, device: torch.device | None, gradient_state: GradientState,
-                 global_batch_size: int | None, seed: int, non_blocking: bool = False,
-                 resume_mid_epoch: bool = False, **kwargs: Any) -> None:
+    # Accelerate's constructor (``DataLoaderShard(dataset, batch_sampler=BatchSamplerShard(...), ...)``) for code that
+    # builds one directly; Accelerator.prepare builds them with :meth:`_build` from parts it has already worked out.
+    def __init__(
+        self,
+        dataset: Any,
+        device: torch.device | None = None,
+        rng_types: Any = None,
+        synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        # use_stateful_dataloader needs nothing more: this loader has state_dict/load_state_dict already.
+        if rng_types:
+            raise ValueError(f"DataLoaderShard(rng_types={rng_types!r}): trainkit does not copy RNG states across "
+                             "processes at each pass; give the sampler a generator (prepare keeps it in step on "
+                             "every process) or use DataLoaderConfiguration(use_seedable_sampler=True).")
+        if synchronized_generator is not None:
+            raise ValueError("DataLoaderShard(synchronized_generator=...): pass the generator to the sampler instead; "
+                             "Accelerator.prepare keeps a sampler's generator in step across processes.")
+        if torch_device_mesh is not None:
+            raise ValueError("DataLoaderShard(torch_device_mesh=...): trainkit shards data over processes only "
+                             "(no device meshes for data).")
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            raise ValueError("DataLoaderShard over an iterable dataset: wrap it in IterableDatasetShard(...) and use "
+                             "a plain DataLoader, or let Accelerator.prepare / prepare_data_loader shard it.")
+        batching = {name: kwargs.pop(name) for name in _BATCHING_ARGUMENTS if name in kwargs}
+        batch_sampler = DataLoader(dataset, **batching).batch_sampler  # torch's own checks of the combination
+        if batch_sampler is None:
+            raise ValueError("DataLoaderShard needs batches: give batch_size (default 1) or batch_sampler, not "
+                             "batch_size=None.")
+        if not isinstance(batch_sampler, ShardedBatchSampler):
+            batch_sampler = ShardedBatchSampler(batch_sampler, 1, 0, even_batches=False)  # one process's batches
+        per_rank = batch_sampler.batch_size
+        global_size = None if per_rank is None else (
+            per_rank if batch_sampler.split_batches else per_rank * batch_sampler.num_processes)
+        kwargs.setdefault("prefetch_factor", None if kwargs.get("num_workers", 0) == 0 else 2)
+        self._setup(dataset, batch_sampler=batch_sampler, device=device, gradient_state=current_gradient_state(),
+                    global_batch_size=global_size, seed=torch.initial_seed(), non_blocking=_non_blocking, **kwargs)
+        self.skipped_batches = skip_batches
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self.set_epoch(iteration)  # the pass to start at (its shuffling order, for a seedable sampler)
+
+    @classmethod
+    def _build(cls, dataset: Any, **parts: Any) -> PreparedDataLoader:
+        """An instance from prepared parts (see :meth:`_setup`), without Accelerate's constructor."""
+        loader = cls.__new__(cls)
+        loader._setup(dataset, **parts)
+        return loader
+
+    def _setup(self, dataset: Any, *, device: torch.device | None, gradient_state: GradientState,
+               global_batch_size: int | None, seed: int, non_blocking: bool = False,
+               resume_mid_epoch: bool = False, **kwargs: Any) -> None:
         # A private generator keeps DataLoader's per-iteration base seed off the global RNG, so the
         # model's random stream (dropout...) does not depend on when iterators are built.
         self._loader_generator = torch.Generator()
@@ -89,8 +183,7 @@ class PreparedDataLoader(DataLoader):
         self.progress = DataProgress()
         self.skipped_batches = 0
         """Batches this object passes over at each iteration's start (non-zero on ``skip_first_batches`` views)."""
-        self.end_of_dataloader = False
-        self.remainder = -1
+        self.reset()
         self._expected_batches: int | None = None
         self._yielded = 0
         self._stream_skip = 0
@@ -131,13 +224,14 @@ class PreparedDataLoader(DataLoader):
             state.update(self.synced_generator.state_dict(pass_finished=self.progress.last_batch_yielded))
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Continue from a stored position: its epoch, and with ``resume_mid_epoch`` its next sample.
 
         Without ``resume_mid_epoch`` (Accelerate's default) the next iteration starts at the epoch's first
         batch, and the script skips what was seen with ``skip_first_batches``. A stream always continues
         from its readers' cursors (it cannot skip what it has not read).
         """
+        state = state_dict
         if "seed" in state:
             self._set_seed(int(state["seed"]))
         if self.synced_generator is not None:
@@ -151,6 +245,37 @@ class PreparedDataLoader(DataLoader):
         mid_epoch = self.resume_mid_epoch or self.is_stream or self.dispatch_to is not None
         samples_seen = int(state["samples_seen"]) if mid_epoch else 0
         self.progress.move_to(int(state["epoch"]), samples_seen)
+
+    def adjust_state_dict_for_prefetch(self) -> None:
+        """Accelerate's correction of a stateful loader's position for batches prefetched ahead of the one
+        yielded. Nothing to do here: :meth:`state_dict` counts the batches yielded, never those prefetched."""
+
+    # -- Accelerate's accessors -----------------------------------------------------------------------
+    def get_sampler(self) -> Any:
+        """The sampler that orders the dataset (the one under the sharding batch sampler), or None."""
+        return get_sampler(self)
+
+    def set_sampler(self, sampler: Any) -> None:
+        """Order the dataset with ``sampler`` from the next pass on (kept under the sharding batch sampler)."""
+        inner = getattr(self._shard, "batch_sampler", None)
+        if isinstance(inner, BatchSampler) or hasattr(inner, "sampler"):
+            inner.sampler = sampler  # type: ignore[union-attr]
+        elif isinstance(self.batch_sampler, BatchSampler):
+            self.batch_sampler.sampler = sampler
+        else:
+            raise ValueError("set_sampler: this loader has no batch sampler whose sampler can be replaced "
+                             "(an iterable dataset, or a loader with batch_size=None).")
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples in one global batch (all processes together), or None for an unbatched loader."""
+        return self.global_batch_size
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Samples in the whole dataset (every process's part together)."""
+        dataset = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
+        return len(dataset)
 
     def _set_seed(self, seed: int) -> None:
         """Use ``seed`` for the shuffling order too (the seedable sampler was built with the previous one)."""
@@ -193,8 +318,7 @@ class PreparedDataLoader(DataLoader):
                 self.synced_generator.begin_pass()
         self._loader_generator.manual_seed((self.seed * 1_000_003 + epoch) % 2**63)
         self._yielded = 0
-        self.end_of_dataloader = False
-        self.remainder = -1
+        self.reset()
         try:
             skipped = skip // self.global_batch_size if self.global_batch_size else 0
             # A stream's length is an estimate (its shards' sizes are unknown): windows end where it ends.
@@ -274,6 +398,62 @@ class PreparedDataLoader(DataLoader):
 
 
 _END = object()
+# DataLoader arguments that choose the batches: Accelerate's DataLoaderShard constructor turns them into one batch sampler.
+_BATCHING_ARGUMENTS = ("batch_size", "shuffle", "sampler", "batch_sampler", "drop_last", "generator")
+
+
+class DataLoaderDispatcher(PreparedDataLoader):
+    """Accelerate's main-process-reads-and-sends loader: process 0 iterates the dataset with the global batch size
+    and every process receives its slice of each global batch (the last one filled up so all get a full slice,
+    ``remainder`` saying how many samples of it are real). For datasets only the main process can read.
+
+    ``batch_size`` (default 1) is each process's batch, or with ``split_batches`` the global batch.
+    ``skip_batches`` passes over the first batches of every pass (read by the main process, then dropped).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        split_batches: bool = False,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        _drop_last: bool = False,
+        _non_blocking: bool = False,
+        slice_fn: Any = None,
+        torch_device_mesh: Any = None,
+        iteration: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        from trainkit.engine.state import ProcessState
+
+        if slice_fn is not None:
+            raise ValueError("DataLoaderDispatcher(slice_fn=...): trainkit slices every tensor of a batch along its "
+                             "first dimension and takes no custom slicing function.")
+        if torch_device_mesh is not None:
+            raise ValueError("DataLoaderDispatcher(torch_device_mesh=...): trainkit shards data over processes only "
+                             "(no device meshes for data).")
+        unsupported = sorted(name for name in ("batch_sampler", "sampler", "shuffle") if kwargs.get(name))
+        if unsupported:
+            raise ValueError(f"DataLoaderDispatcher({', '.join(unsupported)}=...): give batch_size (and drop_last); "
+                             "the main process batches the dataset in order. For shuffled map-style data use "
+                             "Accelerator.prepare, which shards by indices.")
+        state = ProcessState.get()
+        world, rank = state.world_size, state.rank
+        batch_size = kwargs.pop("batch_size", 1)
+        if batch_size is None:
+            raise ValueError("DataLoaderDispatcher needs a batch_size (not None): it cuts global batches into slices.")
+        if split_batches and batch_size % world:
+            raise ValueError(f"DataLoaderDispatcher(split_batches=True): batch_size={batch_size} must be a multiple "
+                             f"of the {world} processes, so that each gets an equal slice.")
+        global_size = batch_size if split_batches else batch_size * world
+        kwargs.setdefault("prefetch_factor", None if kwargs.get("num_workers", 0) == 0 else 2)
+        self._setup(dataset, batch_size=global_size, device=state.device, gradient_state=current_gradient_state(),
+                    global_batch_size=global_size, seed=torch.initial_seed(), non_blocking=_non_blocking, **kwargs)
+        self.dispatch_to = (world, rank)
+        self.split_batches = split_batches
+        self.skipped_batches = skip_batches
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self.set_epoch(iteration)
 
 
 def _shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int, num_processes: int) -> tuple[Any, SyncedGenerator | None]:
@@ -334,7 +514,7 @@ def prepare_data_loader(
         if num_processes > 1:
             raise ConfigError("A DataLoader with batch_size=None cannot be sharded across processes; "
                               "give it a batch_size or a batch_sampler.")
-        return PreparedDataLoader(dataset, batch_size=None, sampler=dataloader.sampler, global_batch_size=None,
+        return PreparedDataLoader._build(dataset, batch_size=None, sampler=dataloader.sampler, global_batch_size=None,
                                   **common, **kwargs)
     batch_sampler, synced = _shuffling(dataloader.batch_sampler, config.use_seedable_sampler, seed, num_processes)
     batch_size = getattr(batch_sampler, "batch_size", None)
@@ -343,7 +523,7 @@ def prepare_data_loader(
     sharded = ShardedBatchSampler(batch_sampler, num_processes, process_index,
                                   split_batches=config.split_batches, even_batches=config.even_batches)
     global_size = None if batch_size is None else (batch_size if config.split_batches else batch_size * num_processes)
-    prepared = PreparedDataLoader(dataset, batch_sampler=sharded, global_batch_size=global_size, **common, **kwargs)
+    prepared = PreparedDataLoader._build(dataset, batch_sampler=sharded, global_batch_size=global_size, **common, **kwargs)
     prepared.synced_generator = synced
     if synced is not None and dataloader.generator is synced.generator:
         # A plain DataLoader draws each pass's worker base seed from its generator before the sampler draws
@@ -366,7 +546,7 @@ def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: i
     if config.split_batches:
         batch_size = _split_size(batch_size, num_processes)
     if config.dispatch_batches:
-        prepared = PreparedDataLoader(dataloader.dataset, batch_size=batch_size * num_processes,
+        prepared = DataLoaderDispatcher._build(dataloader.dataset, batch_size=batch_size * num_processes,
                                       drop_last=dataloader.drop_last, global_batch_size=batch_size * num_processes,
                                       **common, **kwargs)
         prepared.dispatch_to = (num_processes, process_index)
@@ -387,7 +567,7 @@ def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: i
     if stream.mode == "positions" and num_processes > 1 and process_index == 0:
         logger.info("The iterable dataset has no shards (or fewer than the %d processes): every process reads the "
                     "whole stream and keeps 1 example in %d.", num_processes, stream.num_readers)
-    return PreparedDataLoader(stream, batch_size=batch_size, drop_last=dataloader.drop_last,
+    return PreparedDataLoader._build(stream, batch_size=batch_size, drop_last=dataloader.drop_last,
                               global_batch_size=batch_size * num_processes, **common, **kwargs)
 
 
@@ -398,3 +578,17 @@ def _split_size(batch_size: int | None, num_processes: int) -> int:
             f"({num_processes}); got {batch_size}."
         )
     return batch_size // num_processes
+
+
+def get_sampler(dataloader: DataLoader) -> Any:
+    """The sampler that orders ``dataloader``'s samples, through any batch samplers wrapped around it.
+
+    For a plain DataLoader it is Accelerate's answer (the batch sampler's ``sampler``); for a prepared loader
+    it is the sampler under the sharding batch sampler. None when there is none (an iterable dataset).
+    """
+    if isinstance(dataloader.sampler, BatchSampler):  # a batch sampler passed as sampler= (batch_size=None)
+        return getattr(dataloader.sampler, "sampler", None)
+    wrapper: Any = dataloader.batch_sampler
+    while wrapper is not None and not hasattr(wrapper, "sampler") and hasattr(wrapper, "batch_sampler"):
+        wrapper = wrapper.batch_sampler  # ShardedBatchSampler, _SkipBatchSampler: look underneath
+    return getattr(wrapper, "sampler", None)

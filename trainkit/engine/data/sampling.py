@@ -78,9 +78,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def __init__(
         self,
         batch_sampler: Iterable[list[int]],
-        num_processes: int,
-        process_index: int,
-        *,
+        num_processes: int = 1,
+        process_index: int = 0,
         split_batches: bool = False,
         even_batches: bool = True,
     ) -> None:
@@ -109,8 +108,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def _groups(self) -> Iterator[list[list[int]]]:
         """Global batches as lists of per-rank index lists, before padding."""
         if self.split_batches:
+            per_rank = self._per_rank_size()
             for batch in self.batch_sampler:
-                yield [list(part) for part in _split(batch, self.num_processes)]
+                yield [list(part) for part in _split(batch, self.num_processes, per_rank)]
         else:
             batches = iter(self.batch_sampler)
             while group := list(itertools.islice(batches, self.num_processes)):
@@ -137,8 +137,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
                 if pending is None:
                     return
                 self.final_real_samples = real
-            if self.process_index < len(pending):
-                yield pending[self.process_index]
+            if self.process_index < len(pending) and pending[self.process_index]:
+                yield pending[self.process_index]  # an uneven last split batch may leave this rank nothing
             pending = upcoming
 
     def _finish_last_group(self, group: list[list[int]], padding: _Padding, per_rank: int | None) -> list[list[int]] | None:
@@ -161,8 +161,9 @@ class ShardedBatchSampler(Sampler[list[int]]):
         return self.batch_size // self.num_processes if self.split_batches else self.batch_size
 
 
-def _split(batch: list[int], parts: int) -> list[list[int]]:
-    size = math.ceil(len(batch) / parts)
+def _split(batch: list[int], parts: int, size: int | None) -> list[list[int]]:
+    """Slices of ``size`` (a short last batch leaves the last ranks short or empty, as Accelerate's split)."""
+    size = size or math.ceil(len(batch) / parts)
     return [batch[i * size : (i + 1) * size] for i in range(parts)]
 
 
@@ -176,21 +177,33 @@ class IterableDatasetShard(IterableDataset):
     def __init__(
         self,
         dataset: Iterable,
-        batch_size: int,
-        num_processes: int,
-        process_index: int,
-        *,
+        batch_size: int = 1,
         drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        *,
         even_batches: bool = True,
     ) -> None:
+        """``batch_size`` is each process's batch, or with ``split_batches`` the global batch (cut into
+        ``num_processes`` equal slices, so it must divide evenly). ``drop_last`` drops a short last global batch;
+        otherwise ``even_batches`` fills it up with the stream's first samples (False: ranks may get less)."""
+        if split_batches and batch_size % num_processes:
+            raise ValueError(f"IterableDatasetShard(split_batches=True): batch_size={batch_size} must be a multiple "
+                             f"of num_processes={num_processes}, so that each process gets an equal slice.")
         self.dataset = dataset
         self.batch_size = batch_size
         self.num_processes = num_processes
         self.process_index = process_index
         self.drop_last = drop_last
+        self.split_batches = split_batches
         self.even_batches = even_batches
         self.final_real_samples = -1
         self.skip_samples = 0
+
+    @property
+    def _per_rank(self) -> int:
+        return self.batch_size // self.num_processes if self.split_batches else self.batch_size
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the wrapped dataset (e.g. a shuffling ``datasets.IterableDataset``)."""
@@ -200,11 +213,19 @@ class IterableDatasetShard(IterableDataset):
     def __len__(self) -> int:
         if not isinstance(self.dataset, Sized):
             raise TypeError("This iterable dataset has no length.")
-        return len(self.dataset) // self.num_processes
+        global_size = self._per_rank * self.num_processes
+        full, rest = divmod(len(self.dataset), global_size)
+        if rest and not self.drop_last and self.even_batches:
+            full += 1  # the short last global batch is filled up
+        mine = full * self._per_rank
+        if rest and not self.drop_last and not self.even_batches:
+            mine += max(0, min(self._per_rank, rest - self.process_index * self._per_rank))
+        return mine
 
     def __iter__(self) -> Iterator:
-        global_size = self.batch_size * self.num_processes
-        mine = slice(self.process_index * self.batch_size, (self.process_index + 1) * self.batch_size)
+        per_rank = self._per_rank
+        global_size = per_rank * self.num_processes
+        mine = slice(self.process_index * per_rank, (self.process_index + 1) * per_rank)
         to_skip, self.skip_samples = self.skip_samples, 0
         self.final_real_samples = -1
         first: list = []
