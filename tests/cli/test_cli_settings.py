@@ -1,7 +1,7 @@
 """Launcher flags reach the engine alike from an Accelerate-style script and a Trainer script (CPU, gloo).
 
 Two launches in all: each worker asserts nothing itself but reports what the engine actually used
-(autocast dtype inside forward, accumulation sync pattern or optimizer steps, device, whether FSDP units
+(the dtype a unit computes in, accumulation sync pattern or optimizer steps, device, whether FSDP units
 stayed unsharded after forward — SHARD_GRAD_OP), and an explicit argument that disagrees with a flag.
 """
 
@@ -28,7 +28,7 @@ def launch(script: str, tmp_path, *script_args: str) -> tuple[dict[int, dict], l
 
 def check_flags_acted(report: dict) -> None:
     assert report["device"] == "cpu"
-    assert report["mixed_precision"] == "bf16" and report["autocast_in_forward"] == "torch.bfloat16"
+    assert report["mixed_precision"] == "bf16" and report["compute_dtype_in_forward"] == "torch.bfloat16"
     assert report["distributed_type"] == "FSDP" and report["sharded"]
     assert report["resharded_after_forward"] is False  # SHARD_GRAD_OP keeps units gathered until backward
     assert report["provenance"]["mixed_precision"] == "launcher flag --mixed_precision"

@@ -8,15 +8,18 @@ from torch.distributed.tensor import DTensor
 
 
 class BertLayer(nn.Module):
-    """A wrap unit (named like the FSDP YAML's layer class) that records the autocast state its forward saw."""
+    """A wrap unit (named like the FSDP YAML's layer class) that records the dtype its forward computes in: autocast's
+    where autocast is on, else its weight's (FSDP2's mixed-precision policy casts the gathered weights, and the
+    engine turns autocast off inside bf16/fp16 units)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.linear = nn.Linear(8, 8)
-        self.autocast = None
+        self.compute_dtype = None
 
     def forward(self, x):
-        self.autocast = str(torch.get_autocast_dtype(x.device.type)) if torch.is_autocast_enabled(x.device.type) else "off"
+        autocast = torch.is_autocast_enabled(x.device.type)
+        self.compute_dtype = str(torch.get_autocast_dtype(x.device.type) if autocast else self.linear.weight.dtype)
         return torch.relu(self.linear(x))
 
 
@@ -36,7 +39,7 @@ def observed(accelerator, model: nn.Module) -> dict:
         "rank": accelerator.process_index,
         "device": accelerator.device.type,
         "mixed_precision": accelerator.mixed_precision,
-        "autocast_in_forward": unit.autocast,
+        "compute_dtype_in_forward": unit.compute_dtype,
         "distributed_type": accelerator.distributed_type.value,
         "sharded": isinstance(weight, DTensor),
         "provenance": provenance(accelerator),
