@@ -94,6 +94,14 @@ def p_dynamo(tmp_path):
     assert Accelerator(cpu=True, dynamo_plugin=plugin).dynamo_plugin.mode == "default"
 
 
+def p_parallelism(tmp_path):
+    """torch_tp_plugin, parallelism_config and deepspeed_plugins: refused by name, with the reason."""
+    for keyword, words in (("torch_tp_plugin", "torch_tp_plugin"), ("parallelism_config", "parallelism_config"),
+                           ("deepspeed_plugins", "one DeepSpeed config")):
+        with pytest.raises(NotImplementedError, match=words):
+            Accelerator(cpu=True, **{keyword: object()})
+
+
 def p_megatron(tmp_path):
     with pytest.raises(NotImplementedError, match="Megatron-LM"):
         Accelerator(cpu=True, megatron_lm_plugin=object())
@@ -122,7 +130,8 @@ PROOFS: dict[str, Any] = {
     "split_batches": p_dataloader_config, "even_batches": p_dataloader_config, "dynamo_backend": p_dynamo,
     "dynamo_plugin": p_dynamo, "deepspeed_plugin": "engine/test_deepspeed_processes.py::test_each_stage_trains_like_ddp",
     "megatron_lm_plugin": p_megatron, "gradient_accumulation_plugin": p_accumulation, "rng_types": p_rng_types,
-    "engine_config": p_engine_config,
+    "engine_config": p_engine_config, "torch_tp_plugin": p_parallelism, "parallelism_config": p_parallelism,
+    "deepspeed_plugins": p_parallelism,
 }
 
 

@@ -86,7 +86,7 @@ def test_evaluate_after_train_leaves_no_tracker_file_open(tmp_path, report_to):
             del trainer
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
-    lines = open(os.path.join(output_dir, "out", "metrics.jsonl")).read().splitlines()
+    lines = open(os.path.join(output_dir, "logs", "metrics.jsonl")).read().splitlines()
     assert sum("eval_loss" in json.loads(line) for line in lines) >= 4  # every evaluation is in the log
 
 

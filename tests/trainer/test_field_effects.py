@@ -238,7 +238,7 @@ def p_include_for_metrics(tmp_path):
 def p_save(tmp_path):
     trainer = quick(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, save_total_limit=1)
     trainer.train()
-    assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-4", "out"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-4", "logs"]
 
 
 def p_best(tmp_path):

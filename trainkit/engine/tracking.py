@@ -245,8 +245,14 @@ _OPTIONAL: dict[str, tuple[type[GeneralTracker], Any]] = {
 
 
 TRACKER_NAMES: tuple[str, ...] = ("jsonl", *_OPTIONAL)
-"""Every tracker name the engine knows (``log_with=`` / ``report_to=``; "all" adds the installed optional ones).
-``TrainingArguments(report_to=...)`` accepts exactly these, so the Trainer and the engine cannot disagree."""
+"""The trackers built into the engine (``log_with=`` / ``report_to=``; "all" adds the installed optional ones)."""
+
+
+def tracker_names() -> tuple[str, ...]:
+    """Every tracker name the engine accepts now: the built-in ones and those a script registered
+    (``trainkit.tracking.register_tracker_class``). ``log_with`` and ``TrainingArguments(report_to=...)`` both
+    check against it, so the Trainer and the engine cannot disagree."""
+    return ("jsonl", *_OPTIONAL)
 
 
 def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTracker] | None) -> list[str | GeneralTracker]:
@@ -259,7 +265,7 @@ def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTrac
         if isinstance(item, GeneralTracker):
             resolved.append(item)
             continue
-        name = check_choice("log_with", str(item), ["all", *TRACKER_NAMES], where="Accelerator(log_with=...)")
+        name = check_choice("log_with", str(item), ["all", *tracker_names()], where="Accelerator(log_with=...)")
         if name == "all":
             resolved.extend(n for n, (_, available) in _OPTIONAL.items() if available())
         elif name in _OPTIONAL and not _OPTIONAL[name][1]():

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
-from trainkit.engine.tracking import TRACKER_NAMES
+from trainkit.engine.tracking import tracker_names
 from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
 from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
 
@@ -27,8 +27,6 @@ SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 # The optimizers trainkit builds itself (see optim.py); other transformers names are rejected by name.
 SUPPORTED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "sgd", "adafactor")
-# Trackers: the engine's one list; "all" means every installed one, "none" none (the JSONL log is always written).
-SUPPORTED_TRACKERS = TRACKER_NAMES
 TOKEN_COUNT_MODES = ("all", "non_padding", "no")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 # The words the string form of `fsdp` may contain (transformers' FSDPOption values).
@@ -456,7 +454,8 @@ def _normalise_report_to(value: Any) -> list[str]:
         return []
     if items == ["all"]:
         return ["all"]
-    return [check_choice("report_to", item, SUPPORTED_TRACKERS + ("all", "none"), where=WHERE) for item in items]
+    # The engine's one list; "all" means every installed one, "none" none (the JSONL log is always written).
+    return [check_choice("report_to", item, (*tracker_names(), "all", "none"), where=WHERE) for item in items]
 
 
 def _fsdp_words(value: Any) -> tuple[list[str], bool]:
