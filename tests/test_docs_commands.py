@@ -48,6 +48,7 @@ SKIPPED: dict[str, str] = {
     "recipes/imdb/trainer_imdb_finetune.py": "two machines",
     "trainkit launch --num_machines 2 --machine_rank 0": "two machines (docs/cli.md shows both side by side)",
     ".venv/bin/python benchmarks/": "a benchmark: minutes of CPU, run by hand (benchmarks/README.md)",
+    "python benchmarks/fsdp_step_memory.py --device cuda": "a benchmark on a GPU (docs/fsdp.md's figures for CUDA)",
 }
 
 
