@@ -232,7 +232,8 @@ def test_the_comparison_covers_accelerate(record_property):
 
 @pytest.mark.parametrize("module_path, name, theirs", _params(FUNCTIONS))
 def test_callable_exists_with_accelerates_signature(module_path, name, theirs):
-    if reason := _allowed(f"{module_path}.{name}"):
+    key = f"{module_path}.{name}"
+    if reason := _allowed(key):
         pytest.skip(reason)
     module = importlib.import_module(_trainkit_path(module_path))
     assert hasattr(module, name), f"{_trainkit_path(module_path)}.{name} is missing (Accelerate has {key})"
