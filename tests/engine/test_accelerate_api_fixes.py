@@ -50,8 +50,12 @@ def test_unwrap_model_keep_fp32_wrapper_false_restores_the_original_forward():
 def test_prepare_after_accelerator_state_reset_raises_until_a_new_accelerator():
     accelerator = Accelerator(cpu=True)
     AcceleratorState._reset_state()
-    with pytest.raises(AttributeError, match=r"_reset_state\(\)` was called"):
+    with pytest.raises(AttributeError, match=r"_reset_state\(\)` was called") as raised:
         accelerator.prepare(nn.Linear(2, 2))
+    # The phrases `accelerate test` (Accelerate's own setup check) looks for in this message.
+    message = str(raised.value.args[0])
+    assert "`AcceleratorState` object has no attribute" in message
+    assert "This happens if `AcceleratorState._reset_state()`" in message
     with pytest.raises(AttributeError, match="distributed_type"):
         _ = accelerator.distributed_type
     Accelerator(cpu=True)  # re-creates the state, as in Accelerate: the old Accelerator works again

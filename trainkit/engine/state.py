@@ -232,5 +232,6 @@ def require_accelerator_state(attribute: str) -> None:
     state = ProcessState._instance
     if state is None or state.accelerator_state_cleared:
         raise AttributeError(
-            f"`AcceleratorState` object has no attribute `{attribute}`: `AcceleratorState._reset_state()` was called "
-            "and no `Accelerator` was created since; create one before using this Accelerator.")
+            # The two phrases Accelerate's own `accelerate test` check looks for, in trainkit's words around them.
+            f"`AcceleratorState` object has no attribute `{attribute}`. This happens if `AcceleratorState._reset_state()` "
+            "was called and no `Accelerator` was created since; create one before using this Accelerator.")
