@@ -157,7 +157,7 @@ def check_field_types(args: Any) -> None:
                              for t in allowed)
         hint = ""
         if isinstance(value, str):
-            parsed = _parse_number_or_bool(value)
+            parsed = parse_number_or_bool(value)
             if parsed is not None and _fits(parsed, allowed):
                 hint = f" Pass {field_.name}={parsed!r}: strings are converted only on the command line (HfArgumentParser)."
                 if isinstance(parsed, float) and "e" in value.lower() and "." not in value:
@@ -175,7 +175,8 @@ def _declared_types(cls: type) -> dict[str, Any]:
         return {}
 
 
-def _parse_number_or_bool(text: str) -> Any:
+def parse_number_or_bool(text: str) -> Any:
+    """``text`` as a bool ("true"/"false", any case), an int or a float; None when it is none of them."""
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
         return lowered == "true"

@@ -15,7 +15,7 @@ from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
 from trainkit.engine.tracking import tracker_names
-from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
+from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields, parse_number_or_bool
 from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
 
 logger = logging.getLogger(__name__)
@@ -434,15 +434,8 @@ def _enum_value(value: Any) -> Any:
 
 
 def _parse_scalar(raw: str) -> Any:
-    lowered = raw.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    for convert in (int, float):
-        try:
-            return convert(raw)
-        except ValueError:
-            pass
-    return raw
+    parsed = parse_number_or_bool(raw)
+    return raw if parsed is None else parsed
 
 
 def _normalise_report_to(value: Any) -> list[str]:
