@@ -55,7 +55,8 @@ class AccelerateAttributes:
     # -- configuration under Accelerate's names -----------------------------------------------------
     @property
     def dispatch_batches(self) -> bool | None:
-        """``DataLoaderConfiguration.dispatch_batches`` (accepted; every process reads its own part)."""
+        """``DataLoaderConfiguration.dispatch_batches``: iterable datasets are read on the main process and each batch
+        sliced across processes; map-style datasets are split by indices anyway (a notice says so)."""
         return self.dataloader_config.dispatch_batches
 
     @property
