@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 
@@ -74,3 +75,13 @@ def synchronize_rng_states(rng_types: list[str | RNGType], generator: torch.Gene
     """:func:`synchronize_rng_state` for each of ``rng_types`` (e.g. ``["torch", "generator"]``)."""
     for rng_type in rng_types:
         synchronize_rng_state(RNGType(rng_type), generator=generator)
+
+
+def rng_state_to_text(state: torch.Tensor) -> str:
+    """A random generator's state (a uint8 tensor) as JSON-friendly base64 text (checkpoints are pickle-free)."""
+    return base64.b64encode(state.cpu().numpy().tobytes()).decode("ascii")
+
+
+def rng_state_from_text(text: str) -> torch.Tensor:
+    """The generator state :func:`rng_state_to_text` wrote."""
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()

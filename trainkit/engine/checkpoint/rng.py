@@ -20,7 +20,6 @@ the run uses it, and checks that every device holds the restored state.
 
 from __future__ import annotations
 
-import base64
 import logging
 import random
 from typing import Any
@@ -28,15 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainkit.utils.random import rng_state_from_text, rng_state_to_text
+
 logger = logging.getLogger(__name__)
-
-
-def _bytes_to_text(tensor: torch.Tensor) -> str:
-    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
-
-
-def _text_to_bytes(text: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -52,10 +45,10 @@ def capture_rng_state() -> dict[str, Any]:
         "python": {"version": version, "state": list(internal), "gauss_next": gauss},
         "numpy": {"kind": kind, "keys": keys.tolist(), "position": int(position), "has_gauss": int(has_gauss),
                   "cached_gaussian": float(cached)},
-        "torch": _bytes_to_text(torch.get_rng_state()),
+        "torch": rng_state_to_text(torch.get_rng_state()),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [_bytes_to_text(s) for s in torch.cuda.get_rng_state_all()]
+        state["cuda"] = [rng_state_to_text(s) for s in torch.cuda.get_rng_state_all()]
     return state
 
 
@@ -71,7 +64,7 @@ def restore_rng_state(state: dict[str, Any], device: torch.device | None = None)
     numpy_state = state["numpy"]
     np.random.set_state((numpy_state["kind"], np.asarray(numpy_state["keys"], dtype=np.uint32),
                          numpy_state["position"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
-    torch.set_rng_state(_text_to_bytes(state["torch"]))
+    torch.set_rng_state(rng_state_from_text(state["torch"]))
     cuda = state.get("cuda")
     if cuda:
         _restore_cuda_states(cuda, device)
@@ -93,7 +86,7 @@ def _restore_cuda_states(texts: list[str], device: torch.device | None) -> None:
         logger.warning("The checkpoint holds CUDA RNG states for %d devices, this machine has %d; "
                        "restoring the ones that exist.", len(texts), count)
     for index, text in enumerate(texts[:count]):
-        saved = _text_to_bytes(text)
+        saved = rng_state_from_text(text)
         torch.cuda.set_rng_state(saved, index)
         now = torch.cuda.get_rng_state(index)
         if now.numel() == saved.numel() and not torch.equal(now, saved):

@@ -10,31 +10,12 @@ same permutation.
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-
-def broadcast_generator_state(generator: torch.Generator, from_process: int = 0) -> None:
-    """Give ``generator`` the state it has on ``from_process`` (no-op without a process group)."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    state = generator.get_state().to(device)
-    dist.broadcast(state, src=from_process)
-    generator.set_state(state.cpu())
-
-
-def encode_state(state: torch.Tensor) -> str:
-    """A generator state as JSON-friendly text."""
-    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
-
-
-def decode_state(text: str) -> torch.Tensor:
-    """The generator state :func:`encode_state` wrote."""
-    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
+from trainkit.utils.enums import RNGType
+from trainkit.utils.random import rng_state_from_text, rng_state_to_text, synchronize_rng_state
 
 
 class SyncedGenerator:
@@ -55,7 +36,7 @@ class SyncedGenerator:
             self.generator.set_state(self._to_restore)
             self._to_restore = None
         if self.num_processes > 1:
-            broadcast_generator_state(self.generator)
+            synchronize_rng_state(RNGType.GENERATOR, self.generator)
         self._pass_start = self.generator.get_state().clone()
 
     def end_pass(self) -> None:
@@ -70,9 +51,9 @@ class SyncedGenerator:
             state = self._pass_start
         else:
             state = self.generator.get_state()
-        return {"generator": encode_state(state)}
+        return {"generator": rng_state_to_text(state)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Use the stored state at the start of the next pass."""
         if "generator" in state:
-            self._to_restore = decode_state(state["generator"])
+            self._to_restore = rng_state_from_text(state["generator"])
