@@ -93,7 +93,19 @@ def read_json(path: str) -> Any:
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str) -> None:
-    """Write plain (non-distributed) tensors to a safetensors file, copied to the CPU."""
+    """Write plain (non-distributed) tensors to a safetensors file, copied to the CPU (or, while an
+    asynchronous save is captured, record the write for its background writer: see :mod:`.staging`)."""
+    from .staging import active_recorder
+
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.defer("safetensors", tensors, path)
+        return
+    write_tensors_now(tensors, path)
+
+
+def write_tensors_now(tensors: dict[str, torch.Tensor], path: str) -> None:
+    """Write a safetensors file now (what :func:`save_tensors` does outside an asynchronous capture)."""
     from trainkit.engine.serialization import write_safetensors_file
 
     write_safetensors_file(tensors, path)
