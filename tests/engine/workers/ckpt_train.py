@@ -117,6 +117,10 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
     def save_state(*a, **kw):
         if progress.optimizer_steps == int(step) and not armed_folder:
             armed_folder.append(f".checkpoint_{accelerator.project_configuration.iteration}.staging")
+            saved = real_save_state(*a, **kw)
+            if point == "loop":
+                loop_may_die.set()  # the writer is held (below): this save is in flight at the next backward
+            return saved
         return real_save_state(*a, **kw)
 
     accelerator.save_state = save_state
@@ -130,11 +134,13 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
         os.kill(os.getpid(), signal.SIGKILL)
 
     real_write, real_hash, real_json = async_writer.write_tensors_now, atomic._hash_file, atomic.write_json
+    real_text = async_writer.write_text_now
 
     def write_tensors(tensors, path):
         if armed(path) and point == "disk-full":
             raise OSError(errno.ENOSPC, "No space left on device", path)
-        if armed(path) and point == "sigterm":
+        if armed(path) and point == "sigterm" and not signalled:
+            signalled.append(path)  # once: a second SIGTERM means "stop now, without saving"
             log.warning("rank %s: SIGTERM while writing the step-%s checkpoint", rank, step)
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(1.0)  # the loop goes on meanwhile and sees the signal at its next check
@@ -145,10 +151,12 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
     def hash_file(path):
         if armed(path) and point == "hash":
             die(f"while checksumming {os.path.basename(path)}")
-        if armed(path) and point == "loop":
-            loop_may_die.set()
-            time.sleep(60)  # held: the training loop kills the process meanwhile
         return real_hash(path)
+
+    def write_text(text, path):
+        if armed(path) and point == "loop":
+            time.sleep(60)  # the writer is held at its first file: the training loop kills the process meanwhile
+        real_text(text, path)
 
     def write_json(data, path):
         real_json(data, path)
@@ -156,7 +164,9 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
             die("with the manifest written, before the rename")
 
     loop_may_die = threading.Event()
+    signalled: list[str] = []
     async_writer.write_tensors_now, atomic._hash_file, atomic.write_json = write_tensors, hash_file, write_json
+    async_writer.write_text_now = write_text
     if point == "loop":
         real_backward = accelerator.backward
 
@@ -203,6 +213,11 @@ def main() -> int:
     accelerator.register_for_checkpointing(progress)
     if args.fault:
         install_fault(accelerator, args.fault, progress)
+    if args.check_preemption:
+        from trainkit.engine.preemption import PreemptionWatch
+
+        # Agree at every step (the default spaces the checks 0.5 s apart: longer than this whole run).
+        accelerator._preemption_watch = PreemptionWatch(check_interval=0).start()
     if args.resume:
         accelerator.load_state(None if args.resume == "latest" else args.resume)
         loaded = {k: v.detach().cpu().contiguous() for k, v in accelerator.get_state_dict(model).items()}

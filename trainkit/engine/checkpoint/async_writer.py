@@ -33,7 +33,7 @@ from .atomic import _all_gather
 from .errors import CheckpointError
 from .sharded_io import write_sharded_now
 from .staging import DeferredWrites, HostBufferPool, describe, recording, staging_fits
-from .state_io import write_tensors_now
+from .state_io import write_tensors_now, write_text_now
 from .storage import CheckpointIO
 
 logger = logging.getLogger(__name__)
@@ -138,7 +138,8 @@ class BackgroundCheckpointWriter:
     def _write(self, io: CheckpointIO, recorder: DeferredWrites, staging: str, final_dir: str,
                metadata: dict[str, Any] | None, after_commit: AfterCommit | None, group: Any, started: float) -> None:
         try:
-            failure = recorder.replay(write_tensors_now, lambda tensors, path: write_sharded_now(tensors, path, group))
+            failure = recorder.replay(write_tensors_now, lambda tensors, path: write_sharded_now(tensors, path, group),
+                                      write_text_now)
             io.commit(staging, final_dir, error=failure, metadata=metadata, group=group)
             self.last_durable_s = time.perf_counter() - started
             if after_commit is not None:

@@ -1,9 +1,10 @@
 """Staging for asynchronous saves: tensor writes are recorded instead of run, and their tensors copied into
 host buffers that are reused from one save to the next.
 
-While a :class:`DeferredWrites` is active (``with deferred.recording():``), the two functions that write tensor
-files (:func:`.state_io.save_tensors`, :func:`.sharded_io.save_sharded`) hand their tensors and path to it
-instead of writing. Small JSON files are still written at once, by the caller. After the capture,
+While a :class:`DeferredWrites` is active (``with recording(...):``), the functions that write tensor files
+(:func:`.state_io.save_tensors`, :func:`.sharded_io.save_sharded`) hand their tensors and path to it instead of
+writing, and :func:`.state_io.write_json` its text (serialised at once: a snapshot). Other small files a caller
+writes itself (the Trainer's ``training_args.json``, a model's ``config.json``) are written at once. After the capture,
 :meth:`DeferredWrites.stage` copies every recorded tensor into a :class:`HostBufferPool` (pinned memory for CUDA
 tensors), after which training may change the originals; :meth:`DeferredWrites.replay` later runs the very
 same writers on the copies, so the files are byte for byte those a synchronous save writes.
@@ -38,9 +39,10 @@ def active_recorder() -> DeferredWrites | None:
 class DeferredWrite:
     """One recorded tensor write: which writer, its tensors (originals, then staged copies) and its path."""
 
-    kind: str  # "safetensors" (one file, this process) or "sharded" (DCP folder, collective)
+    kind: str  # "safetensors" (one file, this process), "sharded" (DCP folder, collective) or "text" (JSON)
     tensors: dict[str, torch.Tensor]
     path: str
+    text: str = ""
 
 
 class HostBufferPool:
@@ -136,8 +138,13 @@ class DeferredWrites:
         """Record a write (called by the tensor writers while this recorder is active)."""
         self.writes.append(DeferredWrite(kind, dict(tensors), os.fspath(path)))
 
+    def defer_text(self, text: str, path: str) -> None:
+        """Record a small text file (JSON already serialised: a snapshot of the state as it is now)."""
+        self.writes.append(DeferredWrite("text", {}, os.fspath(path), text))
+
     def replay(self, write_safetensors: Callable[[dict[str, torch.Tensor], str], None],
-               write_sharded: Callable[[dict[str, torch.Tensor], str], None]) -> BaseException | None:
+               write_sharded: Callable[[dict[str, torch.Tensor], str], None],
+               write_text: Callable[[str, str], None]) -> BaseException | None:
         """Run the recorded writes; return the first error (after it, files of this process are skipped, but
         sharded writes still run: they are collective, and the other ranks wait in them)."""
         failure: BaseException | None = None
@@ -145,6 +152,8 @@ class DeferredWrites:
             try:
                 if write.kind == "sharded":
                     write_sharded(write.tensors, write.path)
+                elif failure is None and write.kind == "text":
+                    write_text(write.text, write.path)
                 elif failure is None:
                     write_safetensors(write.tensors, write.path)
             except Exception as error:  # handed to the commit, which abandons the checkpoint on every rank

@@ -79,9 +79,24 @@ def decode_state(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 
 def write_json(data: Any, path: str) -> None:
-    """Write ``data`` as JSON and flush it to disk (the manifest's checksums are taken from the file)."""
+    """Write ``data`` as JSON and flush it to disk (the manifest's checksums are taken from the file).
+
+    While an asynchronous save is captured, the text is made now (a snapshot) and written by the background
+    writer (see :mod:`.staging`): the loop does not wait for the disk."""
+    from .staging import active_recorder
+
+    text = json.dumps(data, indent=1, allow_nan=False)
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.defer_text(text, path)
+        return
+    write_text_now(text, path)
+
+
+def write_text_now(text: str, path: str) -> None:
+    """Write ``text`` to ``path`` and flush it to disk."""
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, allow_nan=False)
+        handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
 
