@@ -21,7 +21,7 @@ from trainkit.data_loader import (
     SkipDataLoader,
     get_sampler,
 )
-from trainkit.engine.accumulation import GradientState
+from trainkit.engine.step.accumulation import GradientState
 
 accelerate_data_loader = pytest.importorskip("accelerate.data_loader")
 

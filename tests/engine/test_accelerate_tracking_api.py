@@ -7,7 +7,7 @@ import pytest
 import trainkit.tracking
 from trainkit import Accelerator
 from trainkit.engine import tracking as engine_tracking
-from trainkit.engine.state import ProcessState
+from trainkit.engine.process.state import ProcessState
 from trainkit.tracking import (
     GeneralTracker,
     filter_trackers,

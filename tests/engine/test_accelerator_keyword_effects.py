@@ -114,7 +114,7 @@ def p_rng_types(tmp_path, caplog=None):
 
 
 def p_engine_config(tmp_path):
-    from trainkit.engine.configuration import resolve_for_accelerator
+    from trainkit.engine.api.configuration import resolve_for_accelerator
 
     config = resolve_for_accelerator(cpu=True, mixed_precision="bf16")
     accelerator = Accelerator(engine_config=config)

@@ -11,7 +11,7 @@ import pytest
 PROBE = """
 import json, resource, torch
 from torch import nn
-from trainkit.engine.allocator import tune_allocator
+from trainkit.engine.process.allocator import tune_allocator
 applied = tune_allocator()
 torch.manual_seed(0)
 model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),

@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 
 from trainkit import Accelerator
 from trainkit.config import ConfigError, LaunchConfig
-from trainkit.engine.devices import check_processes_fit_gpus
+from trainkit.engine.process.devices import check_processes_fit_gpus
 from trainkit.utils import TorchDynamoPlugin
 
 

@@ -17,8 +17,8 @@ from torch.distributed.fsdp import (
 from transformers import BertConfig, BertForSequenceClassification
 
 from trainkit.config import ConfigError, FSDPOptions, LaunchConfig
-from trainkit.engine import sharding
-from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
+from trainkit.engine.strategies.fsdp import sharding
+from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 
 @pytest.fixture(scope="module")
@@ -113,9 +113,9 @@ def test_wrap_class_not_in_model_lists_its_classes(bert) -> None:
 
 
 def test_strategy_rejects_bad_wrap_class_before_touching_the_model(bert) -> None:
-    from trainkit.engine.precision import Precision
-    from trainkit.engine.state import ProcessState
-    from trainkit.engine.strategies.fsdp import FSDPStrategy
+    from trainkit.engine.precision.amp import Precision
+    from trainkit.engine.process.state import ProcessState
+    from trainkit.engine.strategies.fsdp.strategy import FSDPStrategy
 
     state = ProcessState.__new__(ProcessState)  # no process group: the error must come first
     state.device, state.rank, state.world_size, state.local_world_size = torch.device("cpu"), 0, 1, 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainkit.config.errors import ConfigError
-from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
+from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 
 def test_accelerate_positional_order_reaches_the_same_fields() -> None:

@@ -19,8 +19,8 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from tests.distributed import REPO, free_port, run_torchrun, worker_env
-from trainkit.engine import pretrained_loading
-from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
+from trainkit.engine.strategies.fsdp import pretrained_loading
+from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 WORKER = Path(__file__).parent / "workers" / "fsdp_pretrained_loading.py"
 LAUNCH_YAML = """\

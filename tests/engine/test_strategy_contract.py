@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainkit.engine.accumulation import GradientState, accumulation_windows
-from trainkit.engine.state import ProcessState
+from trainkit.engine.step.accumulation import GradientState, accumulation_windows
+from trainkit.engine.process.state import ProcessState
 from trainkit.engine.strategies import STRATEGIES, StrategyRequest, select_strategy
 from trainkit.engine.strategies.registry import strategy_entry
 
@@ -19,7 +19,7 @@ def _state(world_size: int = 1) -> ProcessState:
 
 
 def _fsdp_request() -> StrategyRequest:
-    from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
+    from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
     plugin = FullyShardedDataParallelPlugin()
     return StrategyRequest(_state(1), fsdp_plugin=plugin, fsdp_options=plugin.options)
@@ -33,7 +33,7 @@ def test_registry_picks_the_first_strategy_that_applies() -> None:
 
 
 def test_capabilities_are_stated_per_strategy() -> None:
-    from trainkit.engine.strategies.fsdp import FSDPStrategy
+    from trainkit.engine.strategies.fsdp.strategy import FSDPStrategy
 
     single = select_strategy(StrategyRequest(_state(1)))
     assert not single.capabilities.shards_parameters and single.capabilities.gradient_reduction == "mean"

@@ -17,8 +17,8 @@ import torch
 from tests.distributed import REPO, worker_env
 from tests.trainer.checkpoint_workload import final_weights, make_trainer
 from trainkit import Accelerator, TrainingArguments
-from trainkit.engine.devices import DEVICE_TYPES
-from trainkit.engine.precision import PRECISION_DEVICES, PRECISIONS
+from trainkit.engine.process.devices import DEVICE_TYPES
+from trainkit.engine.precision.amp import PRECISION_DEVICES, PRECISIONS
 from trainkit.engine.tracking import _OPTIONAL, TRACKER_NAMES
 
 pytestmark = pytest.mark.timeout(240)

@@ -94,7 +94,7 @@ def read_json(path: str) -> Any:
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str) -> None:
     """Write plain (non-distributed) tensors to a safetensors file, copied to the CPU."""
-    from trainkit.engine.serialization import write_safetensors_file
+    from trainkit.engine.checkpoint.serialization import write_safetensors_file
 
     write_safetensors_file(tensors, path)
 

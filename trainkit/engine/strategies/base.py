@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from trainkit.engine.precision import Precision
-from trainkit.engine.state import ProcessState
+from trainkit.engine.precision.amp import Precision
+from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
 if TYPE_CHECKING:
     from trainkit.config.fsdp import FSDPOptions
-    from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
+    from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 GradientReduction = Literal["mean", "sum"]
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainkit.engine.nested import iter_leaves, map_tensors
-from trainkit.engine.operation_checks import verify_operation
+from trainkit.engine.process.nested import iter_leaves, map_tensors
+from trainkit.engine.process.operation_checks import verify_operation
 
 
 def _world() -> int:

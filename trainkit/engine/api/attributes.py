@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from trainkit.engine.process_control import only_when
+from trainkit.engine.process.control import only_when
 from trainkit.utils.enums import DistributedType
 
 _NO_PARALLELISM = ("trainkit does not drive tensor, context or pipeline parallelism (ParallelismConfig); "

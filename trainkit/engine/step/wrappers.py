@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from trainkit.engine.accumulation import GradientState
-from trainkit.engine.precision import Precision
+from trainkit.engine.step.accumulation import GradientState
+from trainkit.engine.precision.amp import Precision
 
 
 def _newest_accelerator(what: str) -> Any:
-    from trainkit.engine.state import ProcessState
+    from trainkit.engine.process.state import ProcessState
 
     accelerator = ProcessState._instance.accelerator if ProcessState._instance is not None else None
     if accelerator is None:

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from trainkit.engine.data import PreparedDataLoader
-from trainkit.engine.wrappers import PreparedOptimizer, PreparedScheduler
+from trainkit.engine.step.wrappers import PreparedOptimizer, PreparedScheduler
 
 
 @runtime_checkable

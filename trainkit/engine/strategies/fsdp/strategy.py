@@ -1,6 +1,6 @@
 """Fully sharded data parallelism on FSDP2 (``fully_shard``, DeviceMesh, DTensor parameters).
 
-The strategy validates the plugin's options against the model, shards it (see :mod:`trainkit.engine.sharding`
+The strategy validates the plugin's options against the model, shards it (see :mod:`trainkit.engine.strategies.fsdp.sharding`
 for the steps), re-binds optimizers to the new DTensor parameters, and exposes the state-dict operations
 that ``get_state_dict`` and sharded checkpoints (``torch.distributed.checkpoint``) need.
 
@@ -34,13 +34,15 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainkit.config.fsdp import FSDPOptions
-from trainkit.engine import pretrained_loading, rank0_weights, sharding
-from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
-from trainkit.engine.precision import Precision
-from trainkit.engine.state import ProcessState
+from trainkit.engine.strategies.fsdp import pretrained_loading
+from trainkit.engine.strategies.fsdp import rank0_weights
+from trainkit.engine.strategies.fsdp import sharding
+from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+from trainkit.engine.precision.amp import Precision
+from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
-from .base import Strategy, StrategyCapabilities, StrategyRequest
+from trainkit.engine.strategies.base import Strategy, StrategyCapabilities, StrategyRequest
 
 logger = logging.getLogger(__name__)
 

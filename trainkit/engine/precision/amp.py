@@ -17,8 +17,8 @@ import torch
 
 from trainkit.config.errors import ConfigError
 from trainkit.config.values import MIXED_PRECISIONS, parse_mixed_precision
-from trainkit.engine.devices import DEVICE_TYPES
-from trainkit.engine.nested import map_tensors
+from trainkit.engine.process.devices import DEVICE_TYPES
+from trainkit.engine.process.nested import map_tensors
 
 PRECISIONS = MIXED_PRECISIONS  # one vocabulary: trainkit.config.values
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

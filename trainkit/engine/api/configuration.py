@@ -76,7 +76,7 @@ def deepspeed_plugin_settings(plugin: Any, source: str = "DeepSpeedPlugin") -> d
 
 def dynamo_from_arguments(backend: Any, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin:
     """``dynamo_plugin``, with ``dynamo_backend`` (when also given) as its backend; the backend is checked."""
-    from trainkit.engine.compile import check_backend
+    from trainkit.engine.step.compile import check_backend
 
     chosen = TorchDynamoPlugin(**{**vars(plugin), "backend": backend}) if plugin is not None and backend is not None \
         else plugin if plugin is not None else TorchDynamoPlugin(backend=backend)

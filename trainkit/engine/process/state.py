@@ -21,9 +21,9 @@ import torch
 import torch.distributed as dist
 
 from trainkit.config.slurm_hosts import first_slurm_host
-from trainkit.engine.allocator import tune_allocator
-from trainkit.engine.state_api import AccelerateStateAPI
-from trainkit.engine.devices import choose_device
+from trainkit.engine.process.allocator import tune_allocator
+from trainkit.engine.process.state_api import AccelerateStateAPI
+from trainkit.engine.process.devices import choose_device
 
 logger = logging.getLogger(__name__)
 
@@ -209,13 +209,13 @@ class ProcessState(AccelerateStateAPI):
 
     def main_process_first(self):
         """A context the main process runs before the others (Accelerate's ``PartialState`` has it too)."""
-        from trainkit.engine.process_control import first_on
+        from trainkit.engine.process.control import first_on
 
         return first_on(self, self.is_main_process)
 
     def local_main_process_first(self):
         """A context each machine's first process runs before the others on that machine."""
-        from trainkit.engine.process_control import first_on
+        from trainkit.engine.process.control import first_on
 
         return first_on(self, self.is_local_main_process)
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from trainkit.engine.gradient_state_api import GradientStateAPI
+from trainkit.engine.step.gradient_state_api import GradientStateAPI
 
 Batch = TypeVar("Batch")
 

@@ -1,10 +1,10 @@
 """Pure functions that turn FSDP options into FSDP2 calls: wrap units, meshes, sharding, prefetch.
 
-Nothing here holds state: :class:`trainkit.engine.strategies.fsdp.FSDPStrategy` calls these in order
+Nothing here holds state: :class:`trainkit.engine.strategies.fsdp.strategy.FSDPStrategy` calls these in order
 (choose units, keeping tied parameters in one group -> place or meta-move (re-tying) -> one dtype per
 group -> checkpoint activations -> ``fully_shard`` bottom-up -> wire prefetching -> autocast off inside
 bf16/fp16 units); getting rank 0's weights onto the other ranks lives in
-:mod:`trainkit.engine.rank0_weights`. Each function does one FSDP2 step and can be tested alone.
+:mod:`trainkit.engine.strategies.fsdp.rank0_weights`. Each function does one FSDP2 step and can be tested alone.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def mixed_precision_policies(dtype: torch.dtype | None) -> tuple[MixedPrecisionP
     Both are the same policy, the one a hand-written ``fully_shard`` loop uses. The root does not cast its
     outputs to fp32 (``output_dtype``): that made an fp32 copy of every output, GPT-2's whole logits tensor
     (batch x sequence x 50257) among them, alive as long as the outputs. The loss comes back in fp32 from
-    the engine instead (:func:`trainkit.engine.precision.loss_in_float32`); float32 reductions keep gradient
+    the engine instead (:func:`trainkit.engine.precision.amp.loss_in_float32`); float32 reductions keep gradient
     sums exact across ranks.
     """
     if dtype is None:

@@ -45,7 +45,7 @@ class TrackerAPI:
 
     def end_training(self) -> None:
         """Flush and close the trackers; stop handling preemption signals."""
-        from trainkit.engine.preemption import stop_watching
+        from trainkit.engine.process.preemption import stop_watching
 
         stop_watching(self)
         for tracker in self.trackers:

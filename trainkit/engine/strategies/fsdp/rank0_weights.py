@@ -1,6 +1,6 @@
 """Getting rank 0's weights onto every rank when sharding with FSDP2.
 
-Two ways, chosen by :class:`trainkit.engine.strategies.fsdp.FSDPStrategy`:
+Two ways, chosen by :class:`trainkit.engine.strategies.fsdp.strategy.FSDPStrategy`:
 
 - ``sync_module_states``: every rank holds a full model; :func:`broadcast_module_states` overwrites it
   with rank 0's values before sharding.

@@ -20,7 +20,7 @@ import torch
 from trainkit.config.errors import ConfigError
 from trainkit.config.fsdp import FSDPOptions, parse_reshard_after_forward
 from trainkit.config.values import parse_mixed_precision
-from trainkit.engine.pretrained_loading import load_on_rank0_only
+from trainkit.engine.strategies.fsdp.pretrained_loading import load_on_rank0_only
 
 logger = logging.getLogger(__name__)
 

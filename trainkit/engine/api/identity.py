@@ -1,7 +1,7 @@
 """Accelerate's process-identity attributes (``device``, ``process_index``, ...), read from the process state.
 
 ``Accelerator`` (and anything else holding a ``state``) gets them by inheriting :class:`ProcessIdentity`:
-each is one read of :class:`trainkit.engine.state.ProcessState`, so the facade does not repeat them.
+each is one read of :class:`trainkit.engine.process.state.ProcessState`, so the facade does not repeat them.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from trainkit.engine.state import ProcessState
+    from trainkit.engine.process.state import ProcessState
 
 
 class ProcessIdentity:

@@ -1,5 +1,5 @@
 """The attributes Accelerate's ``GradientState`` offers that trainkit's accumulation state answers as constants
-or views (a mixin, so :mod:`trainkit.engine.accumulation` keeps to the bookkeeping itself)."""
+or views (a mixin, so :mod:`trainkit.engine.step.accumulation` keeps to the bookkeeping itself)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 
 class GradientStateAPI:
-    """Mixin over :class:`trainkit.engine.accumulation.GradientState`."""
+    """Mixin over :class:`trainkit.engine.step.accumulation.GradientState`."""
 
     _dataloaders: list[Any]
     num_steps: int = 1

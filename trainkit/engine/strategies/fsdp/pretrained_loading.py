@@ -1,6 +1,6 @@
 """``cpu_ram_efficient_loading`` before ``prepare``: only rank 0 reads weights in ``from_pretrained``.
 
-Under the option, FSDP fills every rank's shards from rank 0's weights (:mod:`trainkit.engine.rank0_weights`),
+Under the option, FSDP fills every rank's shards from rank 0's weights (:mod:`trainkit.engine.strategies.fsdp.rank0_weights`),
 so the other ranks need the model's structure only. transformers 5 no longer skips loading on those
 ranks: it memory-maps safetensors everywhere, which costs nothing until a page is read, but a dtype
 conversion at load (``dtype=torch.bfloat16`` over an fp32 checkpoint) materialises the whole model on

@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 class AccelerateStateAPI:
-    """Mixin over :class:`trainkit.engine.state.ProcessState` (which provides rank, world size, device)."""
+    """Mixin over :class:`trainkit.engine.process.state.ProcessState` (which provides rank, world size, device)."""
 
     rank: int
     world_size: int
@@ -60,7 +60,7 @@ class AccelerateStateAPI:
     @property
     def debug(self) -> bool:
         """True in debug mode (``ACCELERATE_DEBUG_MODE``/``TRAINKIT_DEBUG_MODE``): collectives check shapes first."""
-        from trainkit.engine.operation_checks import debug_mode
+        from trainkit.engine.process.operation_checks import debug_mode
 
         return debug_mode()
 
@@ -163,7 +163,7 @@ class AccelerateStateAPI:
             print(*args, **kwargs)
 
     def _only_on(self, condition: Callable[[], bool], function: Callable | None) -> Callable:
-        from trainkit.engine.process_control import only_when
+        from trainkit.engine.process.control import only_when
 
         return only_when(condition)(function) if function is not None else only_when(condition)
 
@@ -189,8 +189,8 @@ class AccelerateStateAPI:
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's contiguous share of ``inputs`` (see :mod:`trainkit.engine.splitting`)."""
-        from trainkit.engine.splitting import split_between
+        """Yield this process's contiguous share of ``inputs`` (see :mod:`trainkit.engine.process.splitting`)."""
+        from trainkit.engine.process.splitting import split_between
 
         yield split_between(inputs, self.rank, self.world_size, apply_padding)
 

@@ -61,7 +61,7 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: int |
 def _run_in_fresh_state(function: Callable, *args: Any) -> Any:
     """In a worker: forget a process state forked from the launching process (it describes one process, not
     this worker's place in the group), so the function's Accelerator reads the launcher's RANK/WORLD_SIZE."""
-    from trainkit.engine.state import ProcessState
+    from trainkit.engine.process.state import ProcessState
 
     ProcessState._instance = None
     return function(*args)
