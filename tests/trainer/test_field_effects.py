@@ -201,7 +201,7 @@ def p_run_name(tmp_path):
 
 
 def p_report_to(tmp_path):
-    from trainkit.engine.tracking import _OPTIONAL
+    from trainkit.engine.tracking import OPTIONAL_TRACKERS as _OPTIONAL
 
     installed = [name for name, (_, available) in _OPTIONAL.items() if available() and name != "wandb"]
     if not installed:
