@@ -50,7 +50,7 @@ class CheckedLoop:
         from torch.utils.data import DataLoader
 
         from trainkit import Accelerator
-        from trainkit.engine.preemption import PreemptionWatch
+        from trainkit.engine.process.preemption import PreemptionWatch
         from trainkit.utils import ProjectConfiguration
 
         self.accelerator = Accelerator(project_config=ProjectConfiguration(

@@ -6,7 +6,7 @@ accelerate into ``benchmarks/.hf-extra`` — transformers' Trainer. Each reports
 step time and its time from process start to the end of its first step. Prints one JSON line per
 loop with medians and the ratio to the hand-written loop (> 1 = faster).
 
-trainkit fixes glibc's allocator thresholds in every process it runs (see trainkit/engine/allocator.py),
+trainkit fixes glibc's allocator thresholds in every process it runs (see trainkit/engine/process/allocator.py),
 which alone makes a loop faster on CPU. ``hand_written_tuned`` is the hand-written loop with the same
 allocator settings (as environment variables), so ``ratio_vs_hand_written_tuned`` is the framework's
 own overhead, and ``ratio_vs_hand_written`` what a user gains by switching.
@@ -52,7 +52,7 @@ def run_once(loop: str, args: argparse.Namespace) -> dict:
     if loop == "transformers":
         env["PYTHONPATH"] += os.pathsep + str(HF_EXTRA)
     if loop == "hand_written_tuned":
-        from trainkit.engine.allocator import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
+        from trainkit.engine.process.allocator import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
 
         env.update(MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD_BYTES), MALLOC_TRIM_THRESHOLD_=str(TRIM_THRESHOLD_BYTES))
     child = [str(HERE / "trainer_child.py"), "--loop", loop, "--workload", args.workload,

@@ -22,7 +22,7 @@ import pytest
 @pytest.fixture(autouse=True)
 def _fresh_process_state(request):
     """Each test starts without process state: on CPU, or (``gpu`` tests) on the device the engine picks."""
-    from trainkit.engine.state import ProcessState
+    from trainkit.engine.process.state import ProcessState
 
     ProcessState.reset()
     if request.node.get_closest_marker("gpu") is None:

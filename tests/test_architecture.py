@@ -165,11 +165,11 @@ def test_no_import_cycles() -> None:
 
 def test_cycle_detector_sees_a_cycle() -> None:
     """The detector itself works: a two-module cycle added to the graph is reported."""
-    RUNTIME_IMPORTS["trainkit.engine.state"].add("trainkit.engine.process_control")
-    RUNTIME_IMPORTS["trainkit.engine.process_control"].add("trainkit.engine.state")
+    RUNTIME_IMPORTS["trainkit.engine.process.state"].add("trainkit.engine.process.control")
+    RUNTIME_IMPORTS["trainkit.engine.process.control"].add("trainkit.engine.process.state")
     try:
         # reported as (part of) one strongly connected group of modules
-        assert any({"trainkit.engine.process_control", "trainkit.engine.state"} <= set(cycle) for cycle in _cycles())
+        assert any({"trainkit.engine.process.control", "trainkit.engine.process.state"} <= set(cycle) for cycle in _cycles())
     finally:
         RUNTIME_IMPORTS.clear()
         RUNTIME_IMPORTS.update({m: _imported_names(m, p, pkg, typing_only=False) for m, (p, pkg) in MODULES.items()})

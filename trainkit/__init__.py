@@ -26,10 +26,10 @@ _LAZY = {
     "find_executable_batch_size": "trainkit.utils.memory",
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
-    "notebook_launcher": "trainkit.engine.launchers",
-    "debug_launcher": "trainkit.engine.launchers",
-    "ProcessState": "trainkit.engine.state",
-    "FullyShardedDataParallelPlugin": "trainkit.engine.fsdp_plugin",
+    "notebook_launcher": "trainkit.engine.process.launchers",
+    "debug_launcher": "trainkit.engine.process.launchers",
+    "ProcessState": "trainkit.engine.process.state",
+    "FullyShardedDataParallelPlugin": "trainkit.engine.strategies.fsdp.plugin",
     "DataLoaderConfiguration": "trainkit.utils.dataclasses",
     "DeepSpeedPlugin": "trainkit.config.deepspeed",
     "DistributedDataParallelKwargs": "trainkit.utils.dataclasses",
@@ -72,7 +72,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
-    from trainkit.engine.fsdp_plugin import FullyShardedDataParallelPlugin
+    from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
     from trainkit.trainer import (
         EarlyStoppingCallback,
         EvalPrediction,

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainkit.engine.accumulation import GradientState
+from trainkit.engine.step.accumulation import GradientState
 from trainkit.engine.data import (
     DataLoaderDispatcher,
     DataLoaderStateMixin,
@@ -98,7 +98,7 @@ def prepare_data_loader(
     Defaults come from the process state. ``slice_fn_for_dispatch`` and ``torch_device_mesh`` are refused
     (no dispatching loader, no device meshes for data here).
     """
-    from trainkit.engine.state import ProcessState
+    from trainkit.engine.process.state import ProcessState
 
     if slice_fn_for_dispatch is not None or torch_device_mesh is not None:
         raise NotImplementedError("prepare_data_loader: slice_fn_for_dispatch and torch_device_mesh need "

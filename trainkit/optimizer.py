@@ -1,6 +1,6 @@
 """``accelerate.optimizer``'s names: the prepared optimizer's class and its two helpers.
 
-``AcceleratedOptimizer`` is trainkit's :class:`~trainkit.engine.wrappers.PreparedOptimizer`, so
+``AcceleratedOptimizer`` is trainkit's :class:`~trainkit.engine.step.wrappers.PreparedOptimizer`, so
 ``isinstance(opt, AcceleratedOptimizer)`` holds for what ``Accelerator.prepare`` returns.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from trainkit.engine.wrappers import PreparedOptimizer as AcceleratedOptimizer
+from trainkit.engine.step.wrappers import PreparedOptimizer as AcceleratedOptimizer
 from trainkit.utils.structures import honor_type
 
 __all__ = ["AcceleratedOptimizer", "move_to_device", "patch_optimizer_step"]

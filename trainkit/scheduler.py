@@ -3,6 +3,6 @@
 ``isinstance(scheduler, AcceleratedScheduler)`` holds for what ``Accelerator.prepare`` returns.
 """
 
-from trainkit.engine.wrappers import PreparedScheduler as AcceleratedScheduler
+from trainkit.engine.step.wrappers import PreparedScheduler as AcceleratedScheduler
 
 __all__ = ["AcceleratedScheduler"]

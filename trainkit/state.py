@@ -1,6 +1,6 @@
 """``accelerate.state``'s names: ``PartialState``, ``AcceleratorState``, ``GradientState``.
 
-trainkit keeps one process state (:class:`trainkit.engine.state.ProcessState`); ``PartialState()`` and
+trainkit keeps one process state (:class:`trainkit.engine.process.state.ProcessState`); ``PartialState()`` and
 ``AcceleratorState()`` both return it, so their attributes and methods (``distributed_type``,
 ``print``, ``wait_for_everyone``, ``split_between_processes``, ``destroy_process_group``...) are the
 same object's. ``GradientState()`` returns the accumulation state of the newest Accelerator.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from trainkit.engine.accumulation import GradientState as _EngineGradientState
-from trainkit.engine.state import ProcessState
+from trainkit.engine.step.accumulation import GradientState as _EngineGradientState
+from trainkit.engine.process.state import ProcessState
 from trainkit.utils.enums import DistributedType
 
 __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessState",

@@ -59,7 +59,7 @@ def on_main_process(function: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(function)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(self, "main_process_only", False):
-            from trainkit.engine.state import ProcessState
+            from trainkit.engine.process.state import ProcessState
 
             if not ProcessState.get().is_main_process:
                 return None

@@ -90,7 +90,7 @@ def test_trainer_switch_follows_saving_unless_set():
 def test_single_process_watch_flags_and_restores_handlers():
     """One process: the first signal only raises the flag; a repeat within the window is ignored; close()
     puts the previous handlers back."""
-    from trainkit.engine.preemption import PreemptionWatch
+    from trainkit.engine.process.preemption import PreemptionWatch
 
     previous = signal.getsignal(signal.SIGUSR1)
     watch = PreemptionWatch(signals=[signal.SIGUSR1]).start()

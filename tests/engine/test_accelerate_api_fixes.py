@@ -15,7 +15,7 @@ from torch import nn
 
 from tests.distributed import run_torchrun
 from trainkit import Accelerator
-from trainkit.engine.state import ProcessState
+from trainkit.engine.process.state import ProcessState
 from trainkit.state import AcceleratorState, GradientState, PartialState
 
 WORKER = Path(__file__).parent / "workers" / "api_fix_checks.py"

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from trainkit import Accelerator
-from trainkit.engine.state import ProcessState
+from trainkit.engine.process.state import ProcessState
 from trainkit.optimizer import AcceleratedOptimizer, move_to_device, patch_optimizer_step
 from trainkit.scheduler import AcceleratedScheduler
 

@@ -1,6 +1,6 @@
 """The Trainer with ``async_save=True`` on one process (CPU): the same checkpoint-N folders as synchronous saves,
 byte for byte; rotation and ``get_last_checkpoint`` see complete checkpoints only; exact resume from them.
-The 2-process kill, preemption and disk-full cases are in tests/engine/test_async_checkpoint_processes.py."""
+The 2-process kill, preemption and disk-full cases are in tests/engine/checkpoint/test_async_checkpoint_processes.py."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from tests.trainer.checkpoint_workload import DropoutRegressor, final_weights, make_trainer
 from trainkit.engine.checkpoint import read_manifest, verify_checkpoint
-from trainkit.engine.state import ProcessState
+from trainkit.engine.process.state import ProcessState
 from trainkit.trainer import checkpoints
 
 pytestmark = pytest.mark.timeout(180)

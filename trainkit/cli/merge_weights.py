@@ -49,7 +49,7 @@ def find_model_source(checkpoint: str, index: int = 0) -> tuple[str, str]:
 def merge_weights(checkpoint: str, out: str, *, index: int = 0, max_shard_size: str = "10GB", verify: bool = True) -> list[str]:
     """Write the full weights of ``checkpoint``'s ``index``-th model into ``out``; return the files written."""
     from trainkit.engine.checkpoint import atomic, sharded_io, state_io
-    from trainkit.engine.serialization import save_safetensors
+    from trainkit.engine.checkpoint.serialization import save_safetensors
 
     kind, source = find_model_source(checkpoint, index)
     manifest_root = next((folder for folder in (os.path.dirname(source), os.path.dirname(os.path.dirname(source)))

@@ -2,7 +2,7 @@
 
 torchrun's agent stops the workers itself when the launcher is signalled, and does not hand their exit codes
 back; so each worker that saved a checkpoint and stopped leaves a small JSON note in a folder named by
-``TRAINKIT_PREEMPTION_REPORT`` (written by the engine, see ``trainkit.engine.preemption``). The launcher reads
+``TRAINKIT_PREEMPTION_REPORT`` (written by the engine, see ``trainkit.engine.process.preemption``). The launcher reads
 the notes to exit with :data:`PREEMPTED_EXIT_CODE` and say which checkpoint the rerun will resume from.
 """
 

@@ -1,7 +1,7 @@
 """FSDP options as plain data: parsed from Accelerate's ``fsdp_config`` keys, transformers' keys or flags.
 
 This module never imports torch: the CLI validates a config file with it before any worker starts.
-The engine turns an :class:`FSDPOptions` into FSDP2 calls (``trainkit.engine.sharding``).
+The engine turns an :class:`FSDPOptions` into FSDP2 calls (``trainkit.engine.strategies.fsdp.sharding``).
 """
 
 from __future__ import annotations

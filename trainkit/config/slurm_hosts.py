@@ -1,4 +1,4 @@
-"""Parsing a Slurm node list: the one parser the launcher (``cli/slurm.py``) and the worker (``engine/state.py``) share.
+"""Parsing a Slurm node list: the one parser the launcher (``cli/slurm.py``) and the worker (``engine/process/state.py``) share.
 
 The grammar (Slurm's hostlist form, as ``SLURM_JOB_NODELIST`` holds it): host expressions separated by
 commas or whitespace outside brackets; each expression is literal text (letters, digits, ``.``, ``_``,

@@ -23,14 +23,14 @@ from torch.utils.data import DataLoader
 from trainkit.config.deepspeed import DeepSpeedPlugin
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import EngineConfig
-from trainkit.engine import collectives
-from trainkit.engine.accumulation import GradientState, sum_across_processes
-from trainkit.engine.compat_options import announce_dataloader_options, resolve_compat_options
-from trainkit.engine.accelerator_api import AccelerateAttributes, refuse_parallelism
-from trainkit.engine.compile import compile_model
-from trainkit.engine.unwrapping import extract_model
-from trainkit.engine.configuration import announce, resolve_for_accelerator
-from trainkit.engine.deepspeed import (
+from trainkit.engine.process import collectives
+from trainkit.engine.step.accumulation import GradientState, sum_across_processes
+from trainkit.engine.api.options import announce_dataloader_options, resolve_compat_options
+from trainkit.engine.api.attributes import AccelerateAttributes, refuse_parallelism
+from trainkit.engine.step.compile import compile_model
+from trainkit.engine.step.unwrapping import extract_model
+from trainkit.engine.api.configuration import announce, resolve_for_accelerator
+from trainkit.engine.strategies.deepspeed import (
     DummyOptim,
     DummyScheduler,
     check_micro_batch,
@@ -40,17 +40,17 @@ from trainkit.engine.deepspeed import (
     shard_optimizer_state,
 )
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
-from trainkit.engine.identity import ProcessIdentity
-from trainkit.engine.precision import Precision
-from trainkit.engine.prepared import PreparedObjects
+from trainkit.engine.api.identity import ProcessIdentity
+from trainkit.engine.precision.base import Precision
+from trainkit.engine.api.prepared import PreparedObjects
 from trainkit.engine.data.sampling import shared_data_seed
-from trainkit.engine.process_control import only_when
-from trainkit.engine.splitting import split_between
-from trainkit.engine.state import ProcessState, require_accelerator_state
+from trainkit.engine.process.control import only_when
+from trainkit.engine.process.splitting import split_between
+from trainkit.engine.process.state import ProcessState, require_accelerator_state
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
-from trainkit.engine.tracker_api import TrackerAPI
+from trainkit.engine.api.trackers import TrackerAPI
 from trainkit.engine.tracking import GeneralTracker, resolve_log_with
-from trainkit.engine.wrappers import PreparedOptimizer, PreparedScheduler
+from trainkit.engine.step.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -351,7 +351,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
-        """Place and wrap one model (autocast forward under mixed precision)."""
+        """Convert one model for the precision, then place and wrap it (autocast forward under mixed precision)."""
+        model = self.precision.convert_module(model)
         if self.precision.enabled and self.strategy.wants_autocast and not hasattr(model, "_trainkit_original_forward"):
             # Instance attributes shadow the class's forward; setattr because nn.Module types attributes as tensors.
             setattr(model, "_trainkit_original_forward", model.forward)
@@ -461,7 +462,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         writes the next automatically named checkpoint, and the process exits with code 75 (``Preempted``).
         Needs ``ProjectConfiguration(automatic_checkpoint_naming=True)``; ``load_state()`` resumes.
         """
-        from trainkit.engine.preemption import check_accelerator
+        from trainkit.engine.process.preemption import check_accelerator
 
         check_accelerator(self)
 
@@ -481,7 +482,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Yield this process's contiguous share of ``inputs`` (see :mod:`trainkit.engine.splitting`)."""
+        """Yield this process's contiguous share of ``inputs`` (see :mod:`trainkit.engine.process.splitting`)."""
         yield split_between(inputs, self.process_index, self.num_processes, apply_padding)
 
     # -- models and state -------------------------------------------------------------------------
@@ -499,7 +500,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
         """Write the full weights as safetensors (sharded files plus an index above ``max_shard_size``)."""
-        from trainkit.engine.serialization import save_safetensors
+        from trainkit.engine.checkpoint.serialization import save_safetensors
 
         state_dict = self.get_state_dict(model)
         if self.is_main_process:
@@ -510,7 +511,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         """Write ``obj`` once (main process): safetensors for a dict of tensors when asked, else ``torch.save``."""
         if self.is_main_process:
             if safe_serialization:
-                from trainkit.engine.serialization import write_safetensors_file
+                from trainkit.engine.checkpoint.serialization import write_safetensors_file
 
                 write_safetensors_file(obj, os.fspath(f))
             else:
@@ -532,7 +533,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         With ``ProjectConfiguration(async_save=True)`` this returns once the state is staged in host memory and
         the folder appears when the background writer has committed it (docs/checkpoints.md);
         ``synchronous=True`` writes it before returning. None: skipped (``async_save_when_busy="skip"``)."""
-        from trainkit.engine.checkpointing import save_accelerator_state
+        from trainkit.engine.checkpoint import save_accelerator_state
 
         if not safe_serialization:
             logger.warning("save_state(safe_serialization=False): trainkit checkpoints are always safetensors + JSON.")
@@ -545,7 +546,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         Dataloaders get back their epoch; their position inside it only with
         ``DataLoaderConfiguration(use_stateful_dataloader=True)`` (else call ``skip_first_batches``).
         """
-        from trainkit.engine.checkpointing import load_accelerator_state
+        from trainkit.engine.checkpoint import load_accelerator_state
 
         if load_kwargs:
             logger.warning("load_state(load_kwargs=%s): trainkit loads no pickles, so there is no torch.load to "
@@ -572,13 +573,13 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
     # -- Accelerate's less common contexts (each lives in its own module) -------------------------
     def join_uneven_inputs(self, joinables: list[Any], even_batches: bool | None = None) -> contextlib.AbstractContextManager:
         """Let ranks with fewer batches finish early under DDP (torch's ``Join``); ``even_batches`` overrides padding."""
-        from trainkit.engine.uneven import join_uneven_inputs
+        from trainkit.engine.process.uneven import join_uneven_inputs
 
         return join_uneven_inputs(self.distributed_type, joinables, self._dataloaders, even_batches)
 
     def profile(self, profile_handler: Any = None) -> contextlib.AbstractContextManager:
         """torch's profiler configured by ``profile_handler`` (or the ``ProfileKwargs`` handler)."""
-        from trainkit.engine.profiling import profile
+        from trainkit.engine.api.profiling import profile
 
         return profile(profile_handler or self._compat.profile_kwargs, self.device, self.process_index)
 

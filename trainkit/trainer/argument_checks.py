@@ -225,7 +225,7 @@ def _check_unavailable_features(args: Any) -> None:
 
         translated = deepspeed_for_trainer(args)
         if (translated.settings.fsdp_config or {}).get("fsdp_cpu_ram_efficient_loading"):  # zero3_init_flag
-            from trainkit.engine.pretrained_loading import load_on_rank0_only
+            from trainkit.engine.strategies.fsdp.pretrained_loading import load_on_rank0_only
 
             load_on_rank0_only()  # arguments come before from_pretrained in a Trainer script
     if args.parallelism_config is not None:
@@ -297,7 +297,7 @@ def _check_precision_device(args: Any) -> None:
     """fp16/bf16 against the device, by the engine's own table (fp16 and bf16 both run on CPU)."""
     if args.fp16 and args.bf16:
         return  # the contradiction is named by TrainingArguments itself
-    from trainkit.engine.precision import check_precision_device
+    from trainkit.engine.precision.registry import check_precision_device
 
     mode = "fp16" if args.fp16 else "bf16" if args.bf16 else "no"
     if args.use_cpu:
@@ -381,7 +381,7 @@ class ProcessAttributes:
 
     def _process_state(self) -> Any:
         from trainkit.config import load_launch_config_from_env
-        from trainkit.engine.state import ProcessState
+        from trainkit.engine.process.state import ProcessState
 
         launch = load_launch_config_from_env()
         cpu = True if self.use_cpu or (launch is not None and launch.use_cpu) else None  # None: not asked for

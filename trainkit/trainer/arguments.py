@@ -367,7 +367,7 @@ class TrainingArguments(ProcessAttributes):
         if not isinstance(options, FSDPOptions):  # pragma: no cover - the loader's contract
             raise ConfigError(f"fsdp_config in {WHERE} did not resolve to FSDP options.")
         if options.cpu_ram_efficient_loading:
-            from trainkit.engine.pretrained_loading import load_on_rank0_only
+            from trainkit.engine.strategies.fsdp.pretrained_loading import load_on_rank0_only
 
             load_on_rank0_only()  # arguments come before from_pretrained in a Trainer script
         return options
@@ -408,7 +408,7 @@ class TrainingArguments(ProcessAttributes):
     def main_process_first(self, local: bool = True, desc: str = "work"):
         """A context in which the main process (of each machine when ``local``) runs first, e.g. to build a
         dataset cache the others then read; as in transformers."""
-        from trainkit.engine.state import ProcessState
+        from trainkit.engine.process.state import ProcessState
 
         state = ProcessState.get(cpu=self.use_cpu or None)  # False = not set: the launcher may say --cpu
         logger.debug("%s: main process first (%s)", desc, "per machine" if local else "global")

@@ -15,7 +15,7 @@ from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, resolve_engine_config
 from trainkit.config.fsdp import FSDPOptions
 
-from trainkit.engine.configuration import deepspeed_plugin_settings, dynamo_from_arguments
+from trainkit.engine.api.configuration import deepspeed_plugin_settings, dynamo_from_arguments
 
 from .arguments import TrainingArguments
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import numpy as np
 import torch
 
-from trainkit.engine.nested import map_tensors
+from trainkit.engine.process.nested import map_tensors
 
 if TYPE_CHECKING:
     from torch import nn

@@ -3,7 +3,7 @@
 
 On whenever the Trainer writes checkpoints (``save_strategy != "no"``); ``enable_jit_checkpoint=False`` turns
 it off, ``True`` turns it on even without regular saves. The agreement between ranks and the exit live in
-:mod:`trainkit.engine.preemption`; this module decides when it applies, saves, and leaves a marker in
+:mod:`trainkit.engine.process.preemption`; this module decides when it applies, saves, and leaves a marker in
 ``output_dir`` so that the next ``train()`` of the same command resumes by itself (removed when a run ends
 normally). See docs/preemption.md.
 """
@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainkit.config.files import write_text_atomic
-from trainkit.engine.preemption import PreemptionWatch
+from trainkit.engine.process.preemption import PreemptionWatch
 
 from . import checkpoints
 

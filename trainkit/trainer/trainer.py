@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from trainkit.engine.accumulation import accumulation_windows
+from trainkit.engine.step.accumulation import accumulation_windows
 
 from . import checkpoints, hub, preemption, resume, wiring
 from .arguments import TrainingArguments

@@ -82,20 +82,20 @@ _CONSTANTS = {name: getattr(_constants, name) for name in dir(_constants) if nam
 globals().update(_CONSTANTS)
 
 _LAZY = {
-    "FullyShardedDataParallelPlugin": "trainkit.engine.fsdp_plugin",
+    "FullyShardedDataParallelPlugin": "trainkit.engine.strategies.fsdp.plugin",
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "skip_first_batches": "trainkit.data_loader",
     # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
-    "DummyOptim": "trainkit.engine.deepspeed",
-    "DummyScheduler": "trainkit.engine.deepspeed",
+    "DummyOptim": "trainkit.engine.strategies.deepspeed",
+    "DummyScheduler": "trainkit.engine.strategies.deepspeed",
     **{name: "trainkit.utils.model_tensors" for name in (
         "CustomDtype", "clean_state_dict_for_safetensors", "compute_module_sizes", "convert_file_size_to_int",
         "dtype_byte_size", "extract_submodules_state_dict", "find_tied_parameters", "get_module_children_bottom_up",
         "id_tensor_storage", "load", "load_state_dict", "model_has_dtensor", "named_module_tensors",
         "retie_parameters")},
-    "is_compiled_module": "trainkit.engine.unwrapping",
-    "has_compiled_regions": "trainkit.engine.unwrapping",
+    "is_compiled_module": "trainkit.engine.step.unwrapping",
+    "has_compiled_regions": "trainkit.engine.step.unwrapping",
     **{name: "trainkit.utils.operations" for name in (
         "CannotPadNestedTensorWarning", "ConvertOutputsToFp32", "DistributedOperationException", "GatheredParameters",
         "TensorInformation", "broadcast", "broadcast_object_list", "chained_operation", "concatenate",

@@ -254,7 +254,7 @@ _ELSEWHERE = {
     "TensorInformation": "trainkit.utils.structures",
     "TorchDynamoPlugin": "trainkit.config.dynamo",
     "DeepSpeedPlugin": "trainkit.config.deepspeed",
-    "FullyShardedDataParallelPlugin": "trainkit.engine.fsdp_plugin",
+    "FullyShardedDataParallelPlugin": "trainkit.engine.strategies.fsdp.plugin",
 }
 
 

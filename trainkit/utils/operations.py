@@ -1,6 +1,6 @@
 """``accelerate.utils``' operations on nested tensors, as scripts import them.
 
-The collectives are trainkit's engine ones (:mod:`trainkit.engine.collectives`); this module adds the
+The collectives are trainkit's engine ones (:mod:`trainkit.engine.process.collectives`); this module adds the
 small structural helpers Accelerate exports next to them and keeps Accelerate's defaults where they
 differ from the ``Accelerator`` methods (``reduce`` averages here, sums on the Accelerator).
 """
@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.engine import collectives
-from trainkit.engine.collectives import broadcast, broadcast_object_list, gather, gather_object
+from trainkit.engine.process import collectives
+from trainkit.engine.process.collectives import broadcast, broadcast_object_list, gather, gather_object
 from trainkit.engine.data.device import send_to_device as _send_nest_to_device
-from trainkit.engine.operation_checks import DistributedOperationException, verify_operation
-from trainkit.engine.precision import to_float32
+from trainkit.engine.process.operation_checks import DistributedOperationException, verify_operation
+from trainkit.engine.precision.amp import to_float32
 from trainkit.utils.structures import (
     CannotPadNestedTensorWarning,
     ConvertOutputsToFp32,
@@ -91,7 +91,7 @@ def gather_tensor_shape(tensor: torch.Tensor | None) -> torch.Tensor:
     if len(held) != 1:
         raise DistributedOperationException(f"gather_tensor_shape needs the tensor on exactly one process; "
                                             f"{len(held)} processes hold one.")
-    from trainkit.engine.state import ProcessState
+    from trainkit.engine.process.state import ProcessState
 
     return torch.tensor(held[0], dtype=torch.int, device=ProcessState.get().device)
 
@@ -138,7 +138,7 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
     """Send a tensor that exists on one process only (``None`` elsewhere) to every process."""
     import torch.distributed as dist
 
-    from trainkit.engine.state import ProcessState
+    from trainkit.engine.process.state import ProcessState
 
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         if tensor is None:
@@ -195,7 +195,7 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
                                 recursive: bool = False) -> nn.Module:
     """The user's module inside DDP / DataParallel (FSDP2 shards in place: the module itself); a
     ``torch.compile`` wrapper is kept around it unless ``keep_torch_compile=False``."""
-    from trainkit.engine.unwrapping import extract_model
+    from trainkit.engine.step.unwrapping import extract_model
 
     return extract_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile,
                          recursive=recursive)
@@ -203,14 +203,14 @@ def extract_model_from_parallel(model: nn.Module, keep_fp32_wrapper: bool = True
 
 def wait_for_everyone() -> None:
     """Barrier across all processes (nothing on a single process)."""
-    from trainkit.engine.state import ProcessState
+    from trainkit.engine.process.state import ProcessState
 
     ProcessState.get().wait_for_everyone()
 
 
 def save(obj: Any, f: str | os.PathLike, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
     """Write ``obj`` once (main process, or each machine's first with ``save_on_each_node``)."""
-    from trainkit.engine.state import ProcessState
+    from trainkit.engine.process.state import ProcessState
 
     state = ProcessState.get()
     if not (state.is_local_main_process if save_on_each_node else state.is_main_process):

@@ -76,7 +76,7 @@ def deepspeed_required(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from trainkit.engine.state import ProcessState
+        from trainkit.engine.process.state import ProcessState
         from trainkit.utils.enums import DistributedType
 
         if ProcessState.get().distributed_type != DistributedType.DEEPSPEED:
@@ -90,7 +90,7 @@ def deepspeed_required(func: Callable) -> Callable:
 def compile_regions(module: Any, **compile_kwargs: Any) -> Any:
     """Compile each instance of ``module``'s repeated block class in place (the whole module when it has none)
     with ``torch.compile``'s keyword arguments; returns ``module``."""
-    from trainkit.engine.compile import repeated_blocks
+    from trainkit.engine.step.compile import repeated_blocks
 
     blocks = repeated_blocks(module)
     for block in blocks or [module]:

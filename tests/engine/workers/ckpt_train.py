@@ -214,7 +214,7 @@ def main() -> int:
     if args.fault:
         install_fault(accelerator, args.fault, progress)
     if args.check_preemption:
-        from trainkit.engine.preemption import PreemptionWatch
+        from trainkit.engine.process.preemption import PreemptionWatch
 
         # Agree at every step (the default spaces the checks 0.5 s apart: longer than this whole run).
         accelerator._preemption_watch = PreemptionWatch(check_interval=0).start()

@@ -106,7 +106,7 @@ def collective_checks(acc: Accelerator) -> dict:
     padded = acc.pad_across_processes(ragged, pad_index=-1)
     padded_first = acc.pad_across_processes(ragged[None], dim=1, pad_index=-1, pad_first=True)
     broadcast = torch.tensor([float(rank)])
-    from trainkit.engine import collectives
+    from trainkit.engine.process import collectives
 
     collectives.broadcast(broadcast, from_process=world - 1)
     with acc.split_between_processes(list(range(5))) as mine:

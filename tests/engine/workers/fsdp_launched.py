@@ -12,7 +12,7 @@ from fsdp_common import gather_floats, train, write_results
 from torch.distributed.tensor import DTensor
 
 from trainkit import Accelerator
-from trainkit.engine.sharding import local_numel
+from trainkit.engine.strategies.fsdp.sharding import local_numel
 
 OUT = Path(sys.argv[1])
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
 from trainkit import Accelerator, FullyShardedDataParallelPlugin
-from trainkit.engine.sharding import local_numel
+from trainkit.engine.strategies.fsdp.sharding import local_numel
 
 OUT = Path(sys.argv[1])
 results: dict[str, dict] = {}

@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from trainkit import Accelerator, FullyShardedDataParallelPlugin
 from trainkit.config import LAUNCH_CONFIG_ENV
-from trainkit.engine.sharding import local_numel
+from trainkit.engine.strategies.fsdp.sharding import local_numel
 
 OUT, HANDOFF = Path(sys.argv[1]), sys.argv[2]
 results: dict[str, dict] = {}

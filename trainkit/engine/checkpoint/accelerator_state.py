@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.accelerator_api import run_load_state_pre_hooks, run_save_state_pre_hooks
+from trainkit.engine.api.attributes import run_load_state_pre_hooks, run_save_state_pre_hooks
 from trainkit.engine.data import PreparedDataLoader
 
 from . import model_state, state_io
@@ -36,7 +36,7 @@ from .storage import checkpoint_io_of
 
 if TYPE_CHECKING:  # the Accelerator imports this module lazily; its type is all that is needed here
     from trainkit.engine.accelerator import Accelerator
-    from trainkit.engine.prepared import PreparedObjects
+    from trainkit.engine.api.prepared import PreparedObjects
 
 logger = logging.getLogger(__name__)
 

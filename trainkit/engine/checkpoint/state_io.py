@@ -121,7 +121,7 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str) -> None:
 
 def write_tensors_now(tensors: dict[str, torch.Tensor], path: str) -> None:
     """Write a safetensors file now (what :func:`save_tensors` does outside an asynchronous capture)."""
-    from trainkit.engine.serialization import write_safetensors_file
+    from trainkit.engine.checkpoint.serialization import write_safetensors_file
 
     write_safetensors_file(tensors, path)
 

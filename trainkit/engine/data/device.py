@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from trainkit.engine.nested import map_tensors
+from trainkit.engine.process.nested import map_tensors
 
 
 def send_to_device(data: Any, device: torch.device, non_blocking: bool = False) -> Any:

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .. import collectives
-from ..collectives import recursively_apply
+from trainkit.engine.process import collectives
+from trainkit.engine.process.collectives import recursively_apply
 
 
 def batch_rows(batch: Any) -> int:

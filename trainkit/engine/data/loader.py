@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
 from trainkit.config.errors import ConfigError
-from trainkit.engine.accumulation import GradientState
+from trainkit.engine.step.accumulation import GradientState
 from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 from .device import send_to_device
@@ -70,7 +70,7 @@ class DataProgress:
 def current_gradient_state() -> GradientState:
     """The gradient state a loader built outside ``prepare`` reports to: the newest Accelerator's (Accelerate's
     shared ``GradientState``), else a fresh one."""
-    from trainkit.engine.state import ProcessState  # the process state reaches the data layer: import on use
+    from trainkit.engine.process.state import ProcessState  # the process state reaches the data layer: import on use
 
     state = ProcessState._instance
     accelerator = state.accelerator if state is not None and not getattr(state, "gradient_state_cleared", False) \
@@ -424,7 +424,7 @@ class DataLoaderDispatcher(PreparedDataLoader):
         iteration: int = 0,
         **kwargs: Any,
     ) -> None:
-        from trainkit.engine.state import ProcessState
+        from trainkit.engine.process.state import ProcessState
 
         if slice_fn is not None:
             raise ValueError("DataLoaderDispatcher(slice_fn=...): trainkit slices every tensor of a batch along its "

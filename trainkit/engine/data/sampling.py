@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sized
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
 
-from trainkit.engine import collectives
+from trainkit.engine.process import collectives
 from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 

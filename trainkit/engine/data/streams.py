@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .. import collectives
+from trainkit.engine.process import collectives
 from .stream_sources import HFSource, ProtocolSource, WholeSource, shard_order, source_for
 
 logger = logging.getLogger(__name__)

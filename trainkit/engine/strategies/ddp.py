@@ -10,7 +10,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from trainkit.engine.state import ProcessState
+from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
 from .base import Strategy, StrategyCapabilities, StrategyRequest

@@ -1,0 +1,237 @@
+"""Accelerate's smaller ``Accelerator`` attributes and decorators, kept out of the facade (a mixin).
+
+Properties that read the Accelerator's configuration under Accelerate's names (``non_blocking``,
+``use_seedable_sampler``, ``save_iteration``...), the ``on_*_process`` decorators, the checkpoint pre-hooks
+registry, and the parallelism attributes trainkit answers as a data-parallel-only engine: no device mesh, no
+tensor/context/pipeline parallelism (Accelerate's own answers when no ``ParallelismConfig`` is set).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from trainkit.engine.process.control import only_when
+from trainkit.utils.enums import DistributedType
+
+_NO_PARALLELISM = ("trainkit does not drive tensor, context or pipeline parallelism (ParallelismConfig); "
+                   "shard with FullyShardedDataParallelPlugin (FSDP2, hybrid sharding included) instead")
+
+
+def refuse_parallelism(*, torch_tp_plugin: Any, deepspeed_plugins: Any, parallelism_config: Any) -> None:
+    """Accelerator arguments for parallelism trainkit does not drive: an error naming the argument."""
+    for name, value in (("torch_tp_plugin", torch_tp_plugin), ("parallelism_config", parallelism_config)):
+        if value is not None:
+            raise NotImplementedError(f"Accelerator({name}=...): {_NO_PARALLELISM}.")
+    if deepspeed_plugins is not None:
+        raise NotImplementedError("Accelerator(deepspeed_plugins=...): trainkit runs one DeepSpeed config; pass it "
+                                  "as deepspeed_plugin=DeepSpeedPlugin(...).")
+
+
+def _refuse(what: str) -> NoReturn:
+    raise NotImplementedError(f"{what}: {_NO_PARALLELISM}.")
+
+
+class AccelerateAttributes:
+    """Mixin over :class:`trainkit.engine.accelerator.Accelerator` (which provides the state and configuration)."""
+
+    state: Any
+    dataloader_config: Any
+    project_configuration: Any
+    deepspeed_plugin: Any = None
+    """The DeepSpeed config given to the Accelerator, or None."""
+    parallelism_config = None
+    """None: trainkit has no ParallelismConfig (data parallelism and FSDP2 sharding only)."""
+    torch_device_mesh = None
+    """None: trainkit's strategies build their meshes internally; none is exposed as Accelerate's."""
+    fp8_backend = None
+    """None: trainkit has no fp8 training."""
+
+    # -- configuration under Accelerate's names -----------------------------------------------------
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """``DataLoaderConfiguration.dispatch_batches``: iterable datasets are read on the main process and each batch
+        sliced across processes; map-style datasets are split by indices anyway (a notice says so)."""
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def non_blocking(self) -> bool:
+        """``DataLoaderConfiguration.non_blocking``: batches move to the device asynchronously."""
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """``DataLoaderConfiguration.use_seedable_sampler``."""
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """``DataLoaderConfiguration.use_stateful_dataloader``: loaders resume mid-epoch from a checkpoint."""
+        return bool(getattr(self.dataloader_config, "use_stateful_dataloader", False))
+
+    @property
+    def save_iteration(self) -> int:
+        """The number the next automatically named checkpoint gets (``ProjectConfiguration.iteration``)."""
+        return self.project_configuration.iteration
+
+    @property
+    def should_save_model(self) -> bool:
+        """True where this process writes model files: each machine's first process."""
+        return self.state.is_local_main_process
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when the model is sharded (trainkit's FSDP is always FSDP2)."""
+        return getattr(self, "distributed_type") == DistributedType.FSDP
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """Accelerate's name for "FSDP2 is on"."""
+        return self.is_fsdp2
+
+    @property
+    def multi_device(self) -> bool:
+        """True for several processes on accelerator devices (DDP on GPUs), as opposed to CPU processes."""
+        return self.state.use_distributed and getattr(self, "distributed_type") == DistributedType.MULTI_GPU
+
+    # -- parallelism trainkit does not drive --------------------------------------------------------
+    @property
+    def data_parallel_rank(self) -> int:
+        """Needs a ParallelismConfig, as in Accelerate; trainkit has none (use ``process_index``)."""
+        raise RuntimeError("Accelerator.data_parallel_rank needs a ParallelismConfig, which trainkit does not have; "
+                           "the data-parallel rank is accelerator.process_index.")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """Needs a ParallelismConfig, as in Accelerate; trainkit has none (use ``process_index``)."""
+        raise RuntimeError("Accelerator.data_parallel_shard_rank needs a ParallelismConfig, which trainkit does not "
+                           "have; the shard rank is accelerator.process_index.")
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """Tensor parallelism is not driven by trainkit."""
+        _refuse("Accelerator.tensor_parallel_rank")
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """Context parallelism is not driven (by Accelerate either)."""
+        _refuse("Accelerator.context_parallel_rank")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """Pipeline parallelism is not driven (by Accelerate either)."""
+        _refuse("Accelerator.pipeline_parallel_rank")
+
+    def maybe_context_parallel(self, buffers: list[Any] | None = None, buffer_seq_dims: list[int] | None = None,
+                               no_restore_buffers: set[Any] | None = None) -> contextlib.AbstractContextManager:
+        """Without context parallelism (trainkit's case, and Accelerate's without one configured): a no-op."""
+        return contextlib.nullcontext()
+
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> NoReturn:
+        """DeepSpeed-Ulysses sequence parallelism is not driven by trainkit."""
+        _refuse("Accelerator.deepspeed_ulysses_dl_adapter")
+
+    def lomo_backward(self, loss: Any, learning_rate: float) -> NoReturn:
+        """LOMO fuses backward and optimizer step; trainkit does not drive LOMO optimizers."""
+        raise NotImplementedError("Accelerator.lomo_backward: trainkit does not drive LOMO optimizers (the lomo-optim "
+                                  "package); use a torch optimizer with accelerator.backward and optimizer.step.")
+
+    def verify_device_map(self, model: nn.Module) -> bool:
+        """True when a submodule carries a multi-entry ``hf_device_map`` (big-model inference), which
+        training cannot shard or replicate."""
+        return any(len(getattr(module, "hf_device_map", None) or {}) > 1 for module in model.modules())
+
+    # -- running on some processes ------------------------------------------------------------------
+    def on_main_process(self, function: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the main process only."""
+        return self._on(lambda: self.state.is_main_process, function)
+
+    def on_local_main_process(self, function: Callable[..., Any] | None = None) -> Callable[..., Any]:
+        """Decorator: run ``function`` on each machine's first process only."""
+        return self._on(lambda: self.state.is_local_main_process, function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the last process only."""
+        return self._on(lambda: self.state.is_last_process, function)
+
+    def on_process(self, function: Callable[..., Any] | None = None,
+                   process_index: int | None = None) -> Callable[..., Any]:
+        """Decorator: run ``function`` on the process with global rank ``process_index`` only."""
+        return self._on(lambda: self.state.rank == process_index, function, "process_index", process_index)
+
+    def on_local_process(self, function: Callable[..., Any] | None = None,
+                         local_process_index: int | None = None) -> Callable[..., Any]:
+        """Decorator: run ``function`` on local rank ``local_process_index`` of each machine only."""
+        return self._on(lambda: self.state.local_rank == local_process_index, function, "local_process_index",
+                        local_process_index)
+
+    @staticmethod
+    def _on(condition: Callable[[], bool], function: Callable[..., Any] | None, index_name: str = "",
+            index: int | None = 0) -> Callable[..., Any]:
+        if index_name and index is None:
+            raise ValueError(f"on_{index_name.replace('_index', '')}(...) needs {index_name}=<rank>.")
+        decorator = only_when(condition)
+        return decorator(function) if function is not None else decorator
+
+    @staticmethod
+    def trigger_sync_in_backward(model: nn.Module) -> contextlib.AbstractContextManager:
+        """Make the next backward all-reduce ``model``'s gradients, even inside ``no_sync``/``accumulate``."""
+        from trainkit.engine.strategies.ddp_sync import sync_in_backward
+
+        return sync_in_backward(model)
+
+    # -- checkpoint hooks ---------------------------------------------------------------------------
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` in ``save_state`` before the files are written:
+        ``weights`` are the models' full state dicts, ``output_dir`` the checkpoint folder being written
+        (extra files written there become part of the checkpoint). Returns a handle whose ``remove()``
+        unregisters it."""
+        return _register(self.__dict__.setdefault("_save_state_pre_hooks", OrderedDict()), hook)
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` in ``load_state`` before the models are loaded. Returns a
+        handle whose ``remove()`` unregisters it."""
+        return _register(self.__dict__.setdefault("_load_state_pre_hooks", OrderedDict()), hook)
+
+
+def _register(hooks: OrderedDict, hook: Callable[..., None]) -> RemovableHandle:
+    if not callable(hook):
+        raise TypeError(f"a state hook must be callable, got {hook!r}")
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
+def run_save_state_pre_hooks(accelerator: Any, models: list[nn.Module], output_dir: str) -> None:
+    """Called by ``save_state``: each registered hook sees the models, their state dicts and the folder.
+
+    A hook may add files; it may not take models out of the lists (trainkit checkpoints every prepared model,
+    so that ``load_state`` can check it restores all of them)."""
+    hooks = accelerator.__dict__.get("_save_state_pre_hooks")
+    if not hooks:
+        return
+    listed = list(models)
+    weights = [accelerator.get_state_dict(model) for model in listed]
+    for hook in list(hooks.values()):
+        hook(listed, weights, output_dir)
+    if len(listed) != len(models) or len(weights) != len(models):
+        raise NotImplementedError("a save_state pre-hook removed models or weights from its lists: trainkit saves "
+                                  "every prepared model (a hook may write extra files only).")
+
+
+def run_load_state_pre_hooks(accelerator: Any, models: list[nn.Module], input_dir: str) -> None:
+    """Called by ``load_state`` before anything is loaded (a hook may not take models out of the list)."""
+    hooks = accelerator.__dict__.get("_load_state_pre_hooks")
+    if not hooks:
+        return
+    listed = list(models)
+    for hook in list(hooks.values()):
+        hook(listed, input_dir)
+    if len(listed) != len(models):
+        raise NotImplementedError("a load_state pre-hook removed models from its list: trainkit loads every "
+                                  "prepared model from the checkpoint.")

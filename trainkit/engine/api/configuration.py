@@ -1,0 +1,114 @@
+"""The engine's side of configuration: ``Accelerator(...)`` arguments and plugins as explicit settings,
+and the one-time announcements (override notice, debug line) once the config is resolved.
+
+Resolution itself lives in :mod:`trainkit.config.engine`; this module only says what the script set
+(an argument left at None is "not set") and reports the result on the main process.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from trainkit.config.deepspeed import engine_values
+from trainkit.config.dynamo import TorchDynamoPlugin
+from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, resolve_engine_config
+from trainkit.config.errors import ConfigError
+
+logger = logging.getLogger("trainkit.engine")
+
+
+def accelerator_settings(*, mixed_precision: Any = None, gradient_accumulation_steps: Any = None,
+                         cpu: Any = None, fsdp_plugin: Any = None, gradient_accumulation_plugin: Any = None,
+                         timeout: timedelta | None = None, dynamo_backend: Any = None, dynamo_plugin: Any = None,
+                         deepspeed_plugin: Any = None) -> dict[str, Setting]:
+    """The explicit settings of one ``Accelerator(...)`` call: only the arguments that were given."""
+    settings: dict[str, Setting] = {}
+    if deepspeed_plugin is not None:  # first: the script's own arguments must agree with its DeepSpeed config
+        settings.update(deepspeed_plugin_settings(deepspeed_plugin))
+    conflicts = []
+    if mixed_precision is not None:
+        conflicts += _agree(settings, "mixed_precision", mixed_precision)
+        settings["mixed_precision"] = Setting(mixed_precision, "Accelerator(mixed_precision=)")
+    plugin_steps = getattr(gradient_accumulation_plugin, "num_steps", None)
+    if plugin_steps is not None:
+        settings["gradient_accumulation_steps"] = Setting(plugin_steps, "GradientAccumulationPlugin(num_steps=)")
+    # 1 is Accelerate's default, which scripts pass through from their own argparse defaults
+    # (`Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)`): it asks for nothing, so
+    # `trainkit launch --gradient_accumulation_steps 4` or a DeepSpeed config still decides.
+    if gradient_accumulation_steps is not None and gradient_accumulation_steps != 1:
+        conflicts += _agree(settings, "gradient_accumulation_steps", gradient_accumulation_steps)
+        settings["gradient_accumulation_steps"] = Setting(gradient_accumulation_steps,
+                                                          "Accelerator(gradient_accumulation_steps=)")
+    if cpu is not None:
+        settings["use_cpu"] = Setting(cpu, "Accelerator(cpu=)")
+    if timeout is not None:
+        settings["collective_timeout"] = Setting(timeout.total_seconds(), "InitProcessGroupKwargs(timeout=)")
+    if fsdp_plugin is not None:
+        if deepspeed_plugin is not None:
+            conflicts.append("fsdp_plugin and deepspeed_plugin: choose one")
+        settings.update(fsdp_plugin_settings(fsdp_plugin))
+    if dynamo_plugin is not None or dynamo_backend is not None:
+        settings["dynamo"] = Setting(dynamo_from_arguments(dynamo_backend, dynamo_plugin),
+                                     "Accelerator(dynamo_plugin=)" if dynamo_plugin is not None else
+                                     "Accelerator(dynamo_backend=)")
+    if conflicts:
+        raise ConfigError("Accelerator(...): " + "; ".join(conflicts) + ".")
+    return settings
+
+
+def _agree(settings: dict[str, Setting], key: str, value: Any) -> list[str]:
+    """A conflict between an argument and the script's own DeepSpeed config, if any."""
+    given = settings.get(key)
+    if given is not None and str(given.value) != str(value):
+        return [f"{key}={value!r} disagrees with {given.value!r} in the DeepSpeed config (write \"auto\" there)"]
+    return []
+
+
+def deepspeed_plugin_settings(plugin: Any, source: str = "DeepSpeedPlugin") -> dict[str, Setting]:
+    """What a DeepSpeed config states, as explicit settings (``"auto"`` leaves a key unset)."""
+    values = engine_values(plugin.deepspeed_config, where=source)
+    return {key: Setting(value, source) for key, value in values.items()}
+
+
+def dynamo_from_arguments(backend: Any, plugin: TorchDynamoPlugin | None) -> TorchDynamoPlugin:
+    """``dynamo_plugin``, with ``dynamo_backend`` (when also given) as its backend; the backend is checked."""
+    from trainkit.engine.step.compile import check_backend
+
+    chosen = TorchDynamoPlugin(**{**vars(plugin), "backend": backend}) if plugin is not None and backend is not None \
+        else plugin if plugin is not None else TorchDynamoPlugin(backend=backend)
+    check_backend(chosen)
+    return chosen
+
+
+def fsdp_plugin_settings(plugin: Any, source: str = "FullyShardedDataParallelPlugin") -> dict[str, Setting]:
+    """A plugin turns FSDP on, and each option it was given is explicit (the others stay unset)."""
+    settings = {"fsdp": Setting(True, source)}
+    for option, value in plugin.explicit_options.items():
+        settings[FSDP_PREFIX + option] = Setting(value, f"{source}({option}=)")
+    return settings
+
+
+def resolve_for_accelerator(**arguments: Any) -> EngineConfig:
+    """Resolve the engine's configuration for one ``Accelerator(...)`` call (see :func:`accelerator_settings`)."""
+    return resolve_engine_config(accelerator_settings(**arguments))
+
+
+def announce(config: EngineConfig, *, is_main_process: bool, device: torch.device) -> None:
+    """Say once, on the main process, what the resolution decided that a user could not see otherwise
+    (the resolver itself logs the whole config on one DEBUG line)."""
+    if not is_main_process:
+        return
+    for notice in config.notices:
+        logger.warning(notice)
+    if config.deepspeed is not None and config.deepspeed.notice():
+        logger.warning(config.deepspeed.notice())
+    if config.fsdp is not None and not config.use_cpu and device.type == "cpu" and not torch.cuda.is_available() \
+            and config.source_of("fsdp").startswith("launcher"):
+        logger.warning("trainkit: no GPU found, so FSDP runs on CPU with gloo (use_cpu: false has no effect here).")
+    if config.fsdp is not None and not config.fsdp.use_orig_params:
+        logger.warning("trainkit: use_orig_params=False (%s) has no effect: FSDP2 always exposes the original "
+                       "parameters.", config.source_of(FSDP_PREFIX + "use_orig_params"))

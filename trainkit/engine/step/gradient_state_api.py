@@ -1,0 +1,33 @@
+"""The attributes Accelerate's ``GradientState`` offers that trainkit's accumulation state answers as constants
+or views (a mixin, so :mod:`trainkit.engine.step.accumulation` keeps to the bookkeeping itself)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class GradientStateAPI:
+    """Mixin over :class:`trainkit.engine.step.accumulation.GradientState`."""
+
+    _dataloaders: list[Any]
+    num_steps: int = 1
+    """Micro-batches per optimizer step (set per Accelerator)."""
+    sync_with_dataloader = True
+    """Always True: trainkit closes the accumulation window at the end of every prepared dataloader."""
+    is_xla_gradients_synced = False
+    """False: trainkit drives no XLA device."""
+
+    @property
+    def initialized(self) -> bool:
+        """True: the state exists once an Accelerator (or ``GradientState()``) made it."""
+        return True
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """True: prepared schedulers step with the optimizer steps accumulation lets through."""
+        return True
+
+    @property
+    def dataloader_references(self) -> list[Any]:
+        """The prepared dataloaders being iterated, outermost first, after Accelerate's leading None."""
+        return [None, *self._dataloaders]
