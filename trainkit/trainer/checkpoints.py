@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING, Any
 from trainkit.engine.checkpoint import (
     list_checkpoints,
     model_state,
-    rotate_checkpoints,
     verify_checkpoint,
     write_state_files,
 )
 from trainkit.engine.checkpoint.async_writer import background_writer, flush_background_writes
 from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, latest_checkpoint_in
 from trainkit.engine.checkpoint.saving import save_checkpoint_folder
+from trainkit.engine.checkpoint.storage import checkpoint_io_of
 from trainkit.engine.data import PreparedDataLoader
 
 if TYPE_CHECKING:  # the Trainer imports this module; its type is all that is needed here
@@ -158,7 +158,8 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
     def rotate_and_upload(committed: str) -> None:
         if not trainer.accelerator.is_main_process:
             return
-        rotate_checkpoints(args.output_dir, args.save_total_limit, protected=protected, prefix=PREFIX)
+        checkpoint_io_of(trainer.accelerator).rotate(args.output_dir, args.save_total_limit, protected=protected,
+                                                     prefix=PREFIX)
         if hub is not None and args.hub_strategy != "end":
             in_repo = os.path.basename(committed) if args.hub_strategy in ("checkpoint", "all_checkpoints") else None
             ignored = None if args.hub_strategy == "all_checkpoints" else list(TRAINING_STATE_PATTERNS)
