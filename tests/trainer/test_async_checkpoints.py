@@ -75,3 +75,43 @@ def test_last_checkpoint_and_rotation_ignore_a_checkpoint_still_being_written(tm
     gate.set()
     writer.flush()
     assert checkpoints.latest_checkpoint(output_dir).endswith("checkpoint-3")
+
+
+def test_sigterm_during_a_background_save_finishes_it_saves_again_and_the_rerun_resumes(tmp_path, monkeypatch):
+    """One process (CPU): SIGTERM arrives while checkpoint-3 is written in the background. The Trainer finishes
+    that write, writes its preemption checkpoint synchronously, raises Preempted (exit code 75); the same
+    command resumes and ends bitwise where an uninterrupted run ends."""
+    import signal
+    import time
+
+    from trainkit.engine.checkpoint import async_writer, state_io
+    from trainkit.engine.process.preemption import PREEMPTED_EXIT_CODE, Preempted
+
+    reference = make_trainer(str(tmp_path / "reference"), save_strategy="no", eval_strategy="no")
+    reference.train()
+    real_write, sent = state_io.write_tensors_now, []
+
+    def write_then_signal(tensors, path):
+        if ".checkpoint-3.staging" in path and not sent:
+            sent.append(path)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)  # the loop reaches its step boundary while this write is still going on
+        real_write(tensors, path)
+
+    monkeypatch.setattr(async_writer, "write_tensors_now", write_then_signal)
+    output_dir = str(tmp_path / "out")
+    with pytest.raises(Preempted) as stopped:
+        make_trainer(output_dir, eval_strategy="no", async_save=True).train()
+    assert stopped.value.code == PREEMPTED_EXIT_CODE and sent
+    kept = checkpoints.sorted_checkpoints(output_dir)
+    assert kept and kept[0].endswith("checkpoint-1")
+    assert all(read_manifest(folder) for folder in kept)  # every visible checkpoint is complete
+    assert checkpoints.latest_checkpoint(output_dir) in (checkpoints.checkpoint_folder(output_dir, 3),
+                                                         checkpoints.checkpoint_folder(output_dir, 4))
+    assert not [n for n in os.listdir(output_dir) if n.startswith(".")]
+
+    monkeypatch.undo()
+    resumed = make_trainer(output_dir, eval_strategy="no", async_save=True)
+    assert resumed.train().global_step == STEPS  # resumes by itself after a preemption
+    expected = final_weights(reference)
+    assert all(torch.equal(expected[k], v) for k, v in final_weights(resumed).items())

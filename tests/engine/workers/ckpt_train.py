@@ -153,10 +153,10 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
             die(f"while checksumming {os.path.basename(path)}")
         return real_hash(path)
 
-    def write_text(text, path):
+    def write_text(text, path, **kwargs):
         if armed(path) and point == "loop":
             time.sleep(60)  # the writer is held at its first file: the training loop kills the process meanwhile
-        real_text(text, path)
+        real_text(text, path, **kwargs)
 
     def write_json(data, path):
         real_json(data, path)

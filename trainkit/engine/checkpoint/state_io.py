@@ -93,12 +93,14 @@ def write_json(data: Any, path: str) -> None:
     write_text_now(text, path)
 
 
-def write_text_now(text: str, path: str) -> None:
-    """Write ``text`` to ``path`` and flush it to disk."""
+def write_text_now(text: str, path: str, fsync: bool = True) -> None:
+    """Write ``text`` to ``path`` and flush it to disk (``fsync=False``: the caller's commit does, as the
+    checksum pass of :func:`.atomic.commit_checkpoint` fsyncs every file before the manifest is written)."""
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
         handle.flush()
-        os.fsync(handle.fileno())
+        if fsync:
+            os.fsync(handle.fileno())
 
 
 def read_json(path: str) -> Any:
