@@ -184,23 +184,21 @@ def test_async_options_are_checked_early():
         ProjectConfiguration(async_save="yes")
 
 
-@pytest.mark.gpu
-def test_on_cuda_the_staged_copy_is_pinned_and_holds_the_state_as_of_the_save(tmp_path, monkeypatch):
-    """Device: CUDA, FSDP2 sharded state on one process. Staging copies the device shards into pinned host
-    buffers (asynchronous copies, synchronised before save_state returns) and the writer saves them as DCP
-    shards from its thread; training that changes the weights right after the save does not reach the checkpoint."""
+def _fsdp_async_round_trip(tmp_path, monkeypatch, cpu: bool):
+    """FSDP2 sharded state on one process, saved in the background while the loop changes the weights right
+    after ``save_state``; returns the writer's buffer pool after checking that the checkpoint holds the state
+    as of the save (DCP shards written from the writer's thread, loaded back)."""
     import threading
 
     from trainkit import FullyShardedDataParallelPlugin
 
     config = ProjectConfiguration(project_dir=str(tmp_path / "run"), automatic_checkpoint_naming=True, async_save=True)
-    accelerator = Accelerator(project_config=config,
+    accelerator = Accelerator(cpu=cpu, project_config=config,
                               fsdp_plugin=FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT"))
-    assert accelerator.device.type == "cuda"
-    model = accelerator.prepare(nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1)))
+    model = accelerator.prepare(nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1)))
     optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=0.1))
     for _ in range(2):
-        loss = model(torch.randn(8, 256, device=accelerator.device)).pow(2).mean()
+        loss = model(torch.randn(8, 64, device=accelerator.device)).pow(2).mean()
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
@@ -211,13 +209,27 @@ def test_on_cuda_the_staged_copy_is_pinned_and_holds_the_state_as_of_the_save(tm
     folder = accelerator.save_state()
     with torch.no_grad():
         for parameter in model.parameters():
-            parameter.mul_(-3.0)  # on the device, right after save_state returned
+            parameter.mul_(-3.0)  # right after save_state returned, while the writer waits
     gate.set()
     accelerator.end_training()
     assert os.path.isfile(os.path.join(folder, "pytorch_model_fsdp_0", ".metadata"))
-    pool = accelerator._checkpoint_writer.pool
-    # Every device tensor was staged in pinned memory (AdamW's scalar step counters live on the CPU already).
-    assert pool._buffers and all(b.is_pinned() for b in pool._buffers.values() if b.numel() > 1)
     accelerator.load_state(folder)
     loaded = {k: v.detach().cpu() for k, v in accelerator.get_state_dict(model).items()}
     assert loaded.keys() == expected.keys() and all(torch.equal(loaded[k], expected[k]) for k in expected)
+    return accelerator._checkpoint_writer.pool
+
+
+def test_sharded_state_is_staged_as_dtensors_and_written_by_the_writer(tmp_path, monkeypatch):
+    """Device: CPU (FSDP2 on one gloo process)."""
+    pool = _fsdp_async_round_trip(tmp_path, monkeypatch, cpu=True)
+    assert pool._buffers and not any(buffer.is_pinned() for buffer in pool._buffers.values())
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_staged_copy_is_pinned_and_holds_the_state_as_of_the_save(tmp_path, monkeypatch):
+    """Device: CUDA. The device shards are copied into pinned host buffers (asynchronous copies, synchronised
+    before save_state returns) and stay on the host: DCP writes them from there."""
+    pool = _fsdp_async_round_trip(tmp_path, monkeypatch, cpu=False)
+    # Every device tensor was staged in pinned memory (AdamW's scalar step counters live on the CPU already).
+    assert pool._buffers and all(b.is_pinned() for b in pool._buffers.values() if b.numel() > 1)
+    assert all(b.device.type == "cpu" for b in pool._buffers.values())

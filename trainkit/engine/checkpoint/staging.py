@@ -117,14 +117,16 @@ def _fits(buffer: torch.Tensor | None, tensor: torch.Tensor) -> bool:
 
 
 def _rewrap(original: torch.Tensor, local_copy: torch.Tensor) -> torch.Tensor:
-    """The copy in the original's form: a DTensor again (same mesh, placements and global shape) for a DTensor."""
+    """The copy in the original's form: a DTensor again (same mesh, placements and global shape) for a DTensor.
+
+    Built from the original's spec directly, as DCP's own staging does: ``DTensor.from_local`` would move a host
+    copy back to the mesh's device (CUDA), which is exactly what staging avoids."""
     if not callable(getattr(original, "to_local", None)):
         return local_copy
     from torch.distributed.tensor import DTensor
 
     assert isinstance(original, DTensor)
-    return DTensor.from_local(local_copy, original.device_mesh, original.placements, run_check=False,
-                              shape=original.shape, stride=original.stride())
+    return DTensor(local_copy, original._spec, requires_grad=False)
 
 
 class DeferredWrites:
