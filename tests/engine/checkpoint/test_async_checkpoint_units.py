@@ -204,8 +204,10 @@ def _fsdp_async_round_trip(tmp_path, monkeypatch, cpu: bool):
         optimizer.zero_grad()
     expected = {k: v.detach().cpu().clone() for k, v in accelerator.get_state_dict(model).items()}
     gate = threading.Event()
-    real_sharded = async_writer.write_sharded_now
-    monkeypatch.setattr(async_writer, "write_sharded_now", lambda *a: (gate.wait(30), real_sharded(*a)))
+    from trainkit.engine.checkpoint import sharded_io
+
+    real_sharded = sharded_io.write_sharded_now
+    monkeypatch.setattr(sharded_io, "write_sharded_now", lambda *a: (gate.wait(30), real_sharded(*a)))
     folder = accelerator.save_state()
     with torch.no_grad():
         for parameter in model.parameters():

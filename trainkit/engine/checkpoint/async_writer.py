@@ -31,7 +31,6 @@ import torch.distributed as dist
 
 from .atomic import _all_gather
 from .errors import CheckpointError
-from .sharded_io import write_sharded_now
 from .staging import DeferredWrites, HostBufferPool, describe, recording, staging_fits
 from .state_io import write_tensors_now, write_text_now
 from .storage import CheckpointIO
@@ -137,6 +136,8 @@ class BackgroundCheckpointWriter:
 
     def _write(self, io: CheckpointIO, recorder: DeferredWrites, staging: str, final_dir: str,
                metadata: dict[str, Any] | None, after_commit: AfterCommit | None, group: Any, started: float) -> None:
+        from .sharded_io import write_sharded_now  # DCP is imported when first needed, as model_state does
+
         try:
             # Text files are not fsynced one by one: the commit's checksum pass fsyncs every file before the
             # manifest, as it does the tensor files (one fsync per file instead of two).
