@@ -361,8 +361,11 @@ class TrainingArguments(ProcessAttributes):
             overrides["offload_params"] = True
         if "auto_wrap" in words and options.auto_wrap_policy is None:
             overrides["auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP"
-        if overrides:
-            options = dataclasses.replace(options, **overrides)
+        if overrides and options is self.fsdp_config:
+            options = dataclasses.replace(options, **overrides)  # the caller's own FSDPOptions stays as it was
+        else:  # values from the words are canonical already: set on the options just read, no second build
+            for option, value in overrides.items():
+                setattr(options, option, value)
         if not isinstance(options, FSDPOptions):  # pragma: no cover - the loader's contract
             raise ConfigError(f"fsdp_config in {WHERE} did not resolve to FSDP options.")
         if options.cpu_ram_efficient_loading:
