@@ -5,7 +5,11 @@ processes; AdamW has taken one step, so its state (2 tensors per parameter) is s
 (interleaved, ``--repeats`` times) times ``save_state``, ``load_state`` (with and without the SHA-256 pass) and
 the hand-written baseline for the same format: ``dcp.save`` / ``dcp.load`` of the model and optimizer
 state dicts (sharded), or gathering full state dicts and ``safetensors.save_file`` on rank 0 (full).
-One JSON line per run on stdout.
+Then the same save with ``ProjectConfiguration(async_save=True)``: ``async_blocked_s`` is the time ``save_state``
+kept the training loop waiting (the slowest rank: staging into host buffers), ``async_durable_s`` the time until
+the background writer had committed the checkpoint (durable and visible), ``async_blocked_ratio`` the blocked time
+over the synchronous ``save_s``. The staging buffers are allocated by the first asynchronous save (repeat 0) and
+reused by the next ones. One JSON line per run on stdout.
 
     .venv/bin/python benchmarks/checkpoint_io.py            # launches itself on 2 processes
 """
@@ -54,6 +58,7 @@ def _worker(args: argparse.Namespace) -> None:
     )
 
     from trainkit import Accelerator, FullyShardedDataParallelPlugin
+    from trainkit.engine.checkpoint.async_writer import flush_background_writes
 
     logging.disable(logging.WARNING)
     root = Path(args.dir)
@@ -68,6 +73,21 @@ def _worker(args: argparse.Namespace) -> None:
         optimizer.step()
         runs[mode] = (accelerator, model, optimizer)
     parameters = sum(p.numel() for p in runs["FULL_STATE_DICT"][1].parameters())  # DTensor.numel() is global
+
+    def slowest(seconds: float) -> float:
+        value = torch.tensor([seconds], dtype=torch.float64)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value.item())
+
+    def asynchronous_save(accelerator, folder: str) -> tuple[float, float]:
+        """(blocked, durable) seconds of one asynchronous save, the slowest rank's."""
+        accelerator.project_configuration.async_save = True
+        dist.barrier()
+        accelerator.save_state(folder)
+        flush_background_writes(accelerator)
+        accelerator.project_configuration.async_save = False
+        writer = accelerator._checkpoint_writer
+        return slowest(writer.last_blocked_s), slowest(writer.last_durable_s)
 
     def timed(function) -> float:
         dist.barrier()
@@ -104,6 +124,7 @@ def _worker(args: argparse.Namespace) -> None:
                         save_file(tensors, f"{baseline}/optimizer.safetensors")
 
                 baseline_load = None
+            async_blocked_s, async_durable_s = asynchronous_save(accelerator, folder + "_async")
             base_save_s = timed(baseline_save)
             base_load_s = timed(baseline_load) if baseline_load else None
             if dist.get_rank() == 0:
@@ -113,10 +134,13 @@ def _worker(args: argparse.Namespace) -> None:
                           "size_mb": round(_folder_bytes(folder) / 2**20, 1),
                           "baseline_save_s": round(base_save_s, 2),
                           "baseline_load_s": None if base_load_s is None else round(base_load_s, 2),
+                          "async_blocked_s": round(async_blocked_s, 3), "async_durable_s": round(async_durable_s, 2),
+                          "async_blocked_ratio": round(async_blocked_s / save_s, 3),
                           "save_ratio": round(save_s / base_save_s, 2),
                           "load_ratio": None if base_load_s is None else round(load_s / base_load_s, 2)}
                 print(json.dumps(record), flush=True)
                 shutil.rmtree(folder, ignore_errors=True)
+                shutil.rmtree(folder + "_async", ignore_errors=True)
                 shutil.rmtree(baseline, ignore_errors=True)
             dist.barrier()
 

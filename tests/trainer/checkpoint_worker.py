@@ -5,6 +5,7 @@ Scenarios (rank 0 writes ``OUT/{name}.safetensors`` with final full weights, and
 - ``ddp``: uninterrupted run, then runs stopped after steps 2 and 5 and resumed with
   ``train(resume_from_checkpoint=True)``; all must end with the same weights.
 - ``fsdp``: the same under FSDP2 with SHARDED_STATE_DICT (checkpoints hold DCP shards, no model.safetensors).
+- ``fsdp-async``: ``fsdp`` with ``async_save=True`` (the shards staged as DTensors, written by the background writer).
 - ``restart`` (under ``trainkit launch --max_restarts 1``): on the first attempt rank 1 SIGKILLs itself in
   the middle of writing checkpoint-KILL_STEP; the restarted attempt runs the unchanged script, which must
   resume by itself from the previous complete checkpoint. It records what it found on disk, then also
@@ -88,7 +89,8 @@ def restart() -> None:
     save_weights("restart-reference", reference)
 
 
-SCENARIOS = {"ddp": lambda: stop_and_resume("ddp"), "fsdp": lambda: stop_and_resume("fsdp", **FSDP), "restart": restart}
+SCENARIOS = {"ddp": lambda: stop_and_resume("ddp"), "fsdp": lambda: stop_and_resume("fsdp", **FSDP), "restart": restart,
+             "fsdp-async": lambda: stop_and_resume("fsdp-async", async_save=True, **FSDP)}
 
 if __name__ == "__main__":
     for scenario in sys.argv[2:]:

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 def two_ranks(tmp_path_factory):
     """One torchrun launch of 2 gloo processes running the DDP and FSDP scenarios."""
     out = tmp_path_factory.mktemp("trainer-checkpoints-2proc")
-    run_torchrun(WORKER, str(out), "ddp", "fsdp", nproc=2, timeout=240)
+    run_torchrun(WORKER, str(out), "ddp", "fsdp", "fsdp-async", nproc=2, timeout=280)
     return out
 
 
@@ -32,7 +32,7 @@ def _assert_bitwise_equal(expected: dict, actual: dict) -> None:
     assert not different, f"differ: {different}"
 
 
-@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp", "fsdp-async"])
 def test_resume_on_two_ranks_reaches_bitwise_the_uninterrupted_weights(two_ranks, kind):
     expected = load_file(str(two_ranks / f"{kind}-full.safetensors"))
     for stop in (2, 5):
@@ -43,6 +43,14 @@ def test_resume_on_two_ranks_reaches_bitwise_the_uninterrupted_weights(two_ranks
     layout = json.loads((two_ranks / f"{kind}-layout.json").read_text())
     assert layout["world_size"] == 2
     assert {"random_states_0.json", "random_states_1.json", "manifest.json", "trainer_state.json"} <= set(layout["checkpoint-3"])
+
+
+def test_async_fsdp_checkpoints_train_exactly_as_synchronous_ones(two_ranks):
+    """Background saves change nothing in the run: the same final weights as with synchronous saves."""
+    _assert_bitwise_equal(load_file(str(two_ranks / "fsdp-full.safetensors")),
+                          load_file(str(two_ranks / "fsdp-async-full.safetensors")))
+    assert json.loads((two_ranks / "fsdp-async-layout.json").read_text())["checkpoint-3"] == \
+        json.loads((two_ranks / "fsdp-layout.json").read_text())["checkpoint-3"]
 
 
 def test_ddp_checkpoint_holds_full_weights_once(two_ranks):

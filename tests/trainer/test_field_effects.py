@@ -454,6 +454,7 @@ PROOFS: dict[str, Any] = {
     "save_strategy": p_save, "save_steps": p_save, "save_total_limit": p_save,
     "save_only_model": Elsewhere("trainer/test_checkpoints.py::test_save_only_model_writes_weights_and_state_only_and_still_resumes"),
     "save_on_each_node": p_on_each_node,
+    "async_save": Elsewhere("trainer/test_async_checkpoints.py::test_async_checkpoints_are_the_synchronous_ones_and_resume_exactly"),
     "load_best_model_at_end": p_best, "metric_for_best_model": p_best, "greater_is_better": p_best,
     "resume_from_checkpoint": FOR_SCRIPTS,
     "ignore_data_skip": p_ignore_data_skip,

@@ -179,6 +179,10 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
         self._loaded_from: str | None = None
+        self._checkpoint_writer: Any = None  # the background writer of ProjectConfiguration(async_save=True)
+        self.checkpoint_io: Any = None
+        """Where checkpoints are stored (a :class:`~trainkit.engine.checkpoint.storage.CheckpointIO`); None: the
+        atomic POSIX folders of :mod:`trainkit.engine.checkpoint.atomic`."""
         self._trigger = 0
         self.step = 0
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
@@ -298,6 +302,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backpropagate ``loss`` normalised for its accumulation window (``GradientState.normalise_loss``)."""
+        if self._checkpoint_writer is not None:  # a failed background checkpoint write stops the loop here
+            self._checkpoint_writer.raise_pending_error()
         loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
                                                   self.num_processes)
         self.precision.backward(loss, **kwargs)
@@ -520,9 +526,13 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         self._custom_objects.extend(objects)
 
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-                   **save_model_func_kwargs: Any) -> str:
+                   **save_model_func_kwargs: Any) -> str | None:
         """Write models, optimizers, schedulers, dataloader positions, RNG and registered objects (always
-        safetensors and JSON: ``safe_serialization=False`` is noted and changes nothing)."""
+        safetensors and JSON: ``safe_serialization=False`` is noted and changes nothing).
+
+        With ``ProjectConfiguration(async_save=True)`` this returns once the state is staged in host memory and
+        the folder appears when the background writer has committed it (docs/checkpoints.md);
+        ``synchronous=True`` writes it before returning. None: skipped (``async_save_when_busy="skip"``)."""
         from trainkit.engine.checkpoint import save_accelerator_state
 
         if not safe_serialization:

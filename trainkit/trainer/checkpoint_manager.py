@@ -44,8 +44,10 @@ class CheckpointManager:
 
     def save_now(self) -> str:
         """Collective: write ``checkpoint-{global_step}`` now whatever the save strategy (e.g. before a
-        preemption), rotate and upload as a periodic save does; return the folder."""
-        folder = checkpoints.save_training_checkpoint(self.trainer, self._resumed_from, only_if_best=False)
+        preemption), rotate and upload as a periodic save does; return the folder. Synchronous even with
+        ``async_save``: a save in flight is finished first, and this one is durable when it returns."""
+        folder = checkpoints.save_training_checkpoint(self.trainer, self._resumed_from, only_if_best=False,
+                                                      synchronous=True)
         return folder if folder is not None else checkpoints.checkpoint_folder(self.trainer.args.output_dir,
                                                                                self.trainer.state.global_step)
 

@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainkit.engine.checkpoint import (
-    atomic_checkpoint,
     list_checkpoints,
     model_state,
-    rotate_checkpoints,
     verify_checkpoint,
     write_state_files,
 )
+from trainkit.engine.checkpoint.async_writer import background_writer, flush_background_writes
 from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, latest_checkpoint_in
+from trainkit.engine.checkpoint.saving import save_checkpoint_folder
+from trainkit.engine.checkpoint.storage import checkpoint_io_of
 from trainkit.engine.data import PreparedDataLoader
 
 if TYPE_CHECKING:  # the Trainer imports this module; its type is all that is needed here
@@ -77,16 +79,21 @@ def training_loaders(train_dataloader: Any) -> list[Any]:
     return [train_dataloader] if isinstance(train_dataloader, PreparedDataLoader) else []
 
 
-def save_checkpoint(trainer: Trainer, folder: str) -> str:
-    """Collective: write ``folder`` atomically (see the module doc); return it.
+def save_checkpoint(trainer: Trainer, folder: str, after_commit: Callable[[str], None] | None = None,
+                    synchronous: bool = False) -> str | None:
+    """Collective: write ``folder`` atomically (see the module doc); return it (None: skipped while another
+    save is in flight, with ``async_save_when_busy="skip"``).
 
     An existing sound checkpoint of the same name (from an earlier run in the same output_dir) is replaced
     by renames once the new one is complete; one that does not verify (the newer checkpoint a resumed run
     skipped because it was truncated or corrupted) is kept aside as ``checkpoint-N.damaged-{time}``.
+    With ``async_save`` the files are captured now and written in the background; ``after_commit`` runs
+    once the folder is visible (on the writer's thread then).
     """
     accelerator, args = trainer.accelerator, trainer.args
     metadata = {"kind": "trainer_checkpoint", "global_step": trainer.state.global_step}
-    with atomic_checkpoint(folder, metadata=metadata, replace=True, set_aside_damaged=True) as staging:
+
+    def write_files(staging: str) -> None:
         if args.save_only_model:
             model, strategy = prepared_model(trainer), accelerator.strategy
             model_state.save_model(strategy, model, staging, 0, strategy.checkpoint_is_sharded(model),
@@ -99,7 +106,10 @@ def save_checkpoint(trainer: Trainer, folder: str) -> str:
             with open(os.path.join(staging, TRAINING_ARGS_NAME), "w", encoding="utf-8") as handle:
                 handle.write(args.to_json_string())
             trainer.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
-    return os.path.normpath(folder)
+
+    saved = save_checkpoint_folder(accelerator, folder, write_files, metadata=metadata, replace=True,
+                                   set_aside_damaged=True, after_commit=after_commit, synchronous=synchronous)
+    return None if saved is None else os.path.normpath(folder)
 
 
 def prepared_model(trainer: Trainer) -> Any:
@@ -128,9 +138,11 @@ def save_model_files(trainer: Trainer, folder: str) -> None:
         save_model_companions(trainer, folder)
 
 
-def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, *, only_if_best: bool = True) -> str | None:
+def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, *, only_if_best: bool = True,
+                             synchronous: bool = False) -> str | None:
     """Collective: write checkpoint-{global_step}, rotate (never deleting ``resumed_from`` nor the best), upload;
-    return the folder. Under save_strategy="best" only at a new best, unless ``only_if_best`` is False."""
+    return the folder. Under save_strategy="best" only at a new best, unless ``only_if_best`` is False.
+    With ``async_save`` rotation and upload follow the background commit; ``synchronous`` writes now anyway."""
     args, state = trainer.args, trainer.state
     is_best = state.best_global_step == state.global_step
     if only_if_best and args.save_strategy == "best" and not is_best:
@@ -140,17 +152,28 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
         state.best_model_checkpoint = folder
     state.stateful_callbacks = {type(cb).__name__: cb.state() for cb in trainer.callback_handler.callbacks
                                 if callable(getattr(cb, "state", None))}
-    save_checkpoint(trainer, folder)
-    if trainer.accelerator.is_main_process:
-        rotate_checkpoints(args.output_dir, args.save_total_limit,
-                           protected=[state.best_model_checkpoint, resumed_from], prefix=PREFIX)
-        if trainer.hub is not None and args.hub_strategy != "end":
-            in_repo = os.path.basename(folder) if args.hub_strategy in ("checkpoint", "all_checkpoints") else None
+    protected = [state.best_model_checkpoint, resumed_from]  # as of this save, even if rotation runs later
+    step, hub = state.global_step, trainer.hub
+
+    def rotate_and_upload(committed: str) -> None:
+        if not trainer.accelerator.is_main_process:
+            return
+        checkpoint_io_of(trainer.accelerator).rotate(args.output_dir, args.save_total_limit, protected=protected,
+                                                     prefix=PREFIX)
+        if hub is not None and args.hub_strategy != "end":
+            in_repo = os.path.basename(committed) if args.hub_strategy in ("checkpoint", "all_checkpoints") else None
             ignored = None if args.hub_strategy == "all_checkpoints" else list(TRAINING_STATE_PATTERNS)
-            trainer.hub.upload(folder, f"Training in progress, step {state.global_step}", path_in_repo=in_repo,
-                               ignore_patterns=ignored)
-    trainer.accelerator.wait_for_everyone()
-    return os.path.normpath(folder)
+            hub.upload(committed, f"Training in progress, step {step}", path_in_repo=in_repo, ignore_patterns=ignored)
+
+    saved = save_checkpoint(trainer, folder, after_commit=rotate_and_upload, synchronous=synchronous)
+    if saved is not None and (background_writer(trainer.accelerator) is None or synchronous):
+        trainer.accelerator.wait_for_everyone()  # rotation and upload are done before any rank goes on
+    return None if saved is None else os.path.normpath(folder)
+
+
+def finish_background_save(trainer: Trainer) -> None:
+    """Collective: wait for the checkpoint being written in the background (if any) and raise its error."""
+    flush_background_writes(trainer.accelerator)
 
 
 # -- loading weights ------------------------------------------------------------------------------

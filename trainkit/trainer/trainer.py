@@ -120,6 +120,7 @@ class Trainer:
     def create_accelerator(self):
         """The engine, configured from the arguments (the engine itself never sees TrainingArguments)."""
         from trainkit.engine.accelerator import Accelerator
+        from trainkit.utils.dataclasses import ProjectConfiguration
 
         from .engine_settings import engine_config_for_trainer, resolve_for_trainer
 
@@ -137,6 +138,7 @@ class Trainer:
             **wiring.engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
             log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
             project_dir=args.output_dir,
+            project_config=ProjectConfiguration(async_save=args.async_save),
         )
 
     def _configure_logging(self) -> None:
@@ -435,6 +437,7 @@ class Trainer:
 
     def _finish_training(self, start: float, steps_run: int) -> TrainOutput:
         args, state = self.args, self.state
+        checkpoints.finish_background_save(self)  # train() returns with its last checkpoint durable and visible
         leftover = self.meter.flush()  # steps since the last log still count in train_loss
         if leftover:
             self._count_tokens(leftover["tokens"])

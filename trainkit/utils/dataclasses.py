@@ -122,6 +122,20 @@ class ProjectConfiguration:
     iteration: int = 0
     save_on_each_node: bool = False
     """Write checkpoints on each machine's first process (for machines without a shared disk)."""
+    # trainkit extensions: keyword-only, so no positional call written for Accelerate can reach them.
+    async_save: bool = dataclasses.field(default=False, kw_only=True)
+    """trainkit: ``save_state`` returns once the state is copied to host memory; a background thread writes,
+    checksums and commits it atomically (docs/checkpoints.md, "Asynchronous saves")."""
+    async_save_when_busy: str = dataclasses.field(default="wait", kw_only=True)
+    """trainkit, with ``async_save``: a save that finds the previous one still being written waits for it
+    ("wait", the default: no checkpoint is lost) or is skipped on every process with a warning ("skip")."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.async_save, bool):
+            raise ValueError(f"ProjectConfiguration(async_save={self.async_save!r}): use True or False.")
+        if self.async_save_when_busy not in ("wait", "skip"):
+            raise ValueError(f"ProjectConfiguration(async_save_when_busy={self.async_save_when_busy!r}) is not valid; "
+                             "use 'wait' (a new save waits for the one in flight) or 'skip' (it is skipped).")
 
     def set_directories(self, project_dir: str | None = None) -> None:
         """Set ``project_dir`` and default ``logging_dir`` to it."""

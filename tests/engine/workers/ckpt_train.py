@@ -4,6 +4,12 @@ and/or resuming with ``save_state`` / ``load_state``; record the final weights a
 Run as one process or under torchrun. Rank 0 writes ``OUT/NAME.safetensors`` (final full weights) and
 ``OUT/NAME.json`` (per optimizer step: the global sample indices consumed, in stream order).
 ``--kill-rank R --kill-at-save K``: rank R SIGKILLs itself in the middle of writing its K-th checkpoint.
+``--async-save``: saves are asynchronous. ``--fault RANK:STEP:POINT``: during the background write of the save
+after optimizer step STEP, rank RANK meets POINT: ``files`` (SIGKILL after writing its first tensor file),
+``hash`` (SIGKILL while checksumming), ``rename`` (SIGKILL with the manifest written, before the rename),
+``loop`` (its writer is held and the training loop SIGKILLs the process at its next backward), ``sigterm``
+(SIGTERM to itself while writing: a preemption), ``disk-full`` (the write fails with ENOSPC).
+``--check-preemption``: call ``accelerator.check_preemption()`` after every optimizer step.
 """
 
 from __future__ import annotations
@@ -62,7 +68,8 @@ def build_model() -> nn.Module:
 
 
 def make_accelerator(args: argparse.Namespace) -> Accelerator:
-    project = ProjectConfiguration(project_dir=args.project, automatic_checkpoint_naming=True, total_limit=args.total_limit)
+    project = ProjectConfiguration(project_dir=args.project, automatic_checkpoint_naming=True, total_limit=args.total_limit,
+                                   async_save=args.async_save)
     kwargs = {}
     if args.fsdp:
         from trainkit import FullyShardedDataParallelPlugin
@@ -90,6 +97,88 @@ def install_kill(rank: int, at_save: int) -> None:
     accelerator_state.capture_rng_state = capture_or_die
 
 
+def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> None:
+    """The ``--fault`` of this rank: patch the background writer's path at the named point (writer thread only)."""
+    import errno
+    import threading
+    import time
+
+    from trainkit.engine.checkpoint import async_writer, atomic
+
+    rank, step, point = spec.split(":")
+    if int(rank) != accelerator.process_index:
+        return
+    log = logging.getLogger("ckpt_train")
+
+    # The writer runs while the loop goes on: the checkpoint is recognised by its staging folder's name.
+    armed_folder: list[str] = []
+    real_save_state = accelerator.save_state
+
+    def save_state(*a, **kw):
+        if progress.optimizer_steps == int(step) and not armed_folder:
+            armed_folder.append(f".checkpoint_{accelerator.project_configuration.iteration}.staging")
+            saved = real_save_state(*a, **kw)
+            if point == "loop":
+                loop_may_die.set()  # the writer is held (below): this save is in flight at the next backward
+            return saved
+        return real_save_state(*a, **kw)
+
+    accelerator.save_state = save_state
+
+    def armed(path: str) -> bool:
+        return (threading.current_thread().name == async_writer.WRITER_THREAD_NAME and bool(armed_folder)
+                and armed_folder[0] in path)
+
+    def die(where: str) -> None:
+        log.warning("rank %s: SIGKILL %s, in the background write of the step-%s checkpoint", rank, where, step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    real_write, real_hash, real_json = async_writer.write_tensors_now, atomic._hash_file, atomic.write_json
+    real_text = async_writer.write_text_now
+
+    def write_tensors(tensors, path):
+        if armed(path) and point == "disk-full":
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        if armed(path) and point == "sigterm" and not signalled:
+            signalled.append(path)  # once: a second SIGTERM means "stop now, without saving"
+            log.warning("rank %s: SIGTERM while writing the step-%s checkpoint", rank, step)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1.0)  # the loop goes on meanwhile and sees the signal at its next check
+        real_write(tensors, path)
+        if armed(path) and point == "files":
+            die(f"after writing {os.path.basename(path)}")
+
+    def hash_file(path):
+        if armed(path) and point == "hash":
+            die(f"while checksumming {os.path.basename(path)}")
+        return real_hash(path)
+
+    def write_text(text, path, **kwargs):
+        if armed(path) and point == "loop":
+            time.sleep(60)  # the writer is held at its first file: the training loop kills the process meanwhile
+        real_text(text, path, **kwargs)
+
+    def write_json(data, path):
+        real_json(data, path)
+        if armed(path) and point == "rename" and path.endswith(atomic.MANIFEST_NAME):
+            die("with the manifest written, before the rename")
+
+    loop_may_die = threading.Event()
+    signalled: list[str] = []
+    async_writer.write_tensors_now, atomic._hash_file, atomic.write_json = write_tensors, hash_file, write_json
+    async_writer.write_text_now = write_text
+    if point == "loop":
+        real_backward = accelerator.backward
+
+        def backward(loss, **kwargs):
+            if loop_may_die.is_set():
+                log.warning("rank %s: SIGKILL in the training loop while the writer is busy", rank)
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real_backward(loss, **kwargs)
+
+        accelerator.backward = backward
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -105,6 +194,9 @@ def main() -> int:
     parser.add_argument("--total-limit", type=int, default=None)
     parser.add_argument("--kill-rank", type=int, default=None)
     parser.add_argument("--kill-at-save", type=int, default=None)
+    parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--fault", default=None, help="RANK:STEP:POINT (see the module doc)")
+    parser.add_argument("--check-preemption", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK', 0)}] %(name)s %(levelname)s: %(message)s")
 
@@ -119,6 +211,13 @@ def main() -> int:
     optimizer, scheduler, loader = accelerator.prepare(optimizer, scheduler, loader)
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
+    if args.fault:
+        install_fault(accelerator, args.fault, progress)
+    if args.check_preemption:
+        from trainkit.engine.process.preemption import PreemptionWatch
+
+        # Agree at every step (the default spaces the checks 0.5 s apart: longer than this whole run).
+        accelerator._preemption_watch = PreemptionWatch(check_interval=0).start()
     if args.resume:
         accelerator.load_state(None if args.resume == "latest" else args.resume)
         loaded = {k: v.detach().cpu().contiguous() for k, v in accelerator.get_state_dict(model).items()}
@@ -140,6 +239,8 @@ def main() -> int:
                 progress.optimizer_steps += 1
                 if progress.optimizer_steps in args.save_at:
                     accelerator.save_state()
+                if args.check_preemption:
+                    accelerator.check_preemption()
                 if progress.optimizer_steps == args.steps:
                     break
 

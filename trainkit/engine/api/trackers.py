@@ -44,9 +44,12 @@ class TrackerAPI:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Flush and close the trackers; stop handling preemption signals."""
+        """Finish the checkpoint being written in the background (raising its error), flush and close the
+        trackers; stop handling preemption signals."""
+        from trainkit.engine.checkpoint.async_writer import flush_background_writes
         from trainkit.engine.process.preemption import stop_watching
 
+        flush_background_writes(self)
         stop_watching(self)
         for tracker in self.trackers:
             tracker.finish()

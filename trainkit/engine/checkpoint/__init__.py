@@ -1,7 +1,9 @@
 """Checkpoints that never lose work: atomic folders, pickle-free state, exact and reshardable resume.
 
 Public pieces: the atomic writer and finder (:mod:`.atomic`, shared with the Trainer's
-``checkpoint-N`` folders), the Accelerator's state (:mod:`.accelerator_state`), and the errors.
+``checkpoint-N`` folders), the storage seam (:mod:`.storage`: ``CheckpointIO``, default ``AtomicPosixIO``),
+asynchronous saves (:mod:`.async_writer`, :mod:`.staging`), the Accelerator's state (:mod:`.accelerator_state`),
+and the errors.
 """
 
 from .accelerator_state import load_accelerator_state, save_accelerator_state, write_state_files
@@ -25,9 +27,12 @@ from .errors import (
     IncompleteCheckpointError,
 )
 from .resume_folder import find_resume_folder, latest_checkpoint_in, restart_count
+from .storage import AtomicPosixIO, CheckpointIO
 
 __all__ = [
     "MANIFEST_NAME",
+    "AtomicPosixIO",
+    "CheckpointIO",
     "CheckpointEntry",
     "CheckpointError",
     "CheckpointMismatchError",

@@ -27,10 +27,12 @@ from trainkit.engine.api.attributes import run_load_state_pre_hooks, run_save_st
 from trainkit.engine.data import PreparedDataLoader
 
 from . import model_state, state_io
-from .atomic import atomic_checkpoint, rotate_checkpoints, verify_checkpoint
+from .async_writer import background_writer, flush_background_writes
 from .errors import CheckpointMismatchError
 from .resume_folder import ACCELERATOR_CONVENTION, find_resume_folder
 from .rng import capture_rng_state, restore_rng_state
+from .saving import save_checkpoint_folder
+from .storage import checkpoint_io_of
 
 if TYPE_CHECKING:  # the Accelerator imports this module lazily; its type is all that is needed here
     from trainkit.engine.accelerator import Accelerator
@@ -115,13 +117,16 @@ def write_state_files(accelerator: Accelerator, directory: str, sharded: bool | 
 
 def save_accelerator_state(accelerator: Accelerator, output_dir: str | os.PathLike | None = None, *,
                            sharded: bool | None = None, dataloaders: Sequence[PreparedDataLoader] | None = None,
-                           **_ignored: Any) -> str:
+                           synchronous: bool = False, **_ignored: Any) -> str | None:
     """Collective: write a complete, atomic checkpoint and return its folder.
 
     An explicit ``output_dir`` that holds a complete checkpoint is replaced atomically (an empty one is
     fine; any other existing folder is refused). With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is
     ``project_dir/checkpoints/checkpoint_{iteration}``; afterwards the iteration advances and the oldest
     complete checkpoints beyond ``total_limit`` are deleted (never the newest nor the one resumed from).
+    With ``ProjectConfiguration(async_save=True)`` the folder appears once the background writer has
+    committed it (see :mod:`.async_writer`); ``synchronous=True`` writes it before returning anyway. Returns
+    None when the save was skipped (``async_save_when_busy="skip"`` with a save still in flight).
     """
     config = accelerator.project_configuration
     automatic = config.automatic_checkpoint_naming
@@ -131,19 +136,29 @@ def save_accelerator_state(accelerator: Accelerator, output_dir: str | os.PathLi
     elif output_dir is None:
         raise ValueError("save_state needs an output_dir (or ProjectConfiguration(automatic_checkpoint_naming=True)).")
     final_dir = os.path.normpath(os.fspath(output_dir))
+    io = checkpoint_io_of(accelerator)
+    protected = accelerator.loaded_checkpoint  # read now: the rotation may run later, on the writer's thread
+
+    def write_files(staging: str) -> None:
+        run_save_state_pre_hooks(accelerator, accelerator.prepared.models, staging)
+        write_state_files(accelerator, staging, sharded, dataloaders)
+
+    def rotate(folder: str) -> None:
+        if automatic and accelerator.is_main_process and config.total_limit:
+            io.rotate(os.path.dirname(folder), config.total_limit, protected=[protected], prefix=AUTOMATIC_PREFIX)
+
     # An explicit folder may be saved to again (a common Accelerate habit): the new checkpoint replaces
     # the old one by renames, never by writing into it. Automatically named folders are never replaced,
     # except a damaged one (skipped by the resume that led here), which is kept aside as checkpoint_N.damaged-*.
-    with atomic_checkpoint(final_dir, metadata={"kind": "accelerator_state"}, replace=not automatic,
-                           set_aside_damaged=automatic) as staging:
-        run_save_state_pre_hooks(accelerator, accelerator.prepared.models, staging)
-        write_state_files(accelerator, staging, sharded, dataloaders)
+    saved = save_checkpoint_folder(accelerator, final_dir, write_files, metadata={"kind": "accelerator_state"},
+                                   replace=not automatic, set_aside_damaged=automatic, after_commit=rotate,
+                                   synchronous=synchronous)
+    if saved is None:
+        return None
     if automatic:
         config.iteration += 1
-        if accelerator.is_main_process and config.total_limit:
-            rotate_checkpoints(os.path.dirname(final_dir), config.total_limit,
-                               protected=[accelerator.loaded_checkpoint], prefix=AUTOMATIC_PREFIX)
-        accelerator.wait_for_everyone()
+        if background_writer(accelerator) is None or synchronous:
+            accelerator.wait_for_everyone()  # the rotation is done before any rank goes on
     return final_dir
 
 
@@ -185,11 +200,12 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     Nothing is changed unless the whole checkpoint is sound. Dataloaders get their epoch back, and
     their position inside it when they resume mid-epoch (``use_stateful_dataloader``).
     """
+    flush_background_writes(accelerator)  # a save still in flight is finished (and visible) before anything is read
     directory = _resolve_input_dir(accelerator, input_dir)
     if directory is None:
         return None
     # Found automatically (no input_dir): the finder has just checksummed it; sizes are checked again here.
-    verify_checkpoint(directory, checksums=verify_checksums and input_dir is not None)
+    checkpoint_io_of(accelerator).read(directory, checksums=verify_checksums and input_dir is not None)
     info = state_io.read_json(os.path.join(directory, STATE_FILE))
     if info.get("format") != STATE_FORMAT:
         raise CheckpointMismatchError(f"format ({info.get('format')!r}, expected {STATE_FORMAT!r})", [], [], [])

@@ -39,19 +39,21 @@ DAMAGED_MARK = ".damaged-"
 
 
 # -- collectives (no-ops on one process) ----------------------------------------------------------
-def _world_and_rank() -> tuple[int, int]:
+# ``group``: the process group the collectives run on (None: the default group). A background writer passes
+# its own group, so its collectives never interleave with the training loop's on the default one.
+def _world_and_rank(group: Any = None) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
+        return dist.get_world_size(group), dist.get_rank(group)
     return 1, 0
 
 
-def _all_gather(obj: Any) -> list[Any]:
+def _all_gather(obj: Any, group: Any = None) -> list[Any]:
     """Every rank's ``obj`` in rank order (small JSON-like values only)."""
-    world, _ = _world_and_rank()
+    world, _ = _world_and_rank(group)
     if world == 1:
         return [obj]
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, obj)
+    dist.all_gather_object(gathered, obj, group=group)
     return gathered
 
 
@@ -62,16 +64,16 @@ def _raise_if_any_failed(results: list[Any], action: str) -> None:
         raise CheckpointError(f"Could not {action}: " + "; ".join(failures))
 
 
-def decide_on_rank0(action: str, function: Any) -> Any:
+def decide_on_rank0(action: str, function: Any, group: Any = None) -> Any:
     """Run ``function`` on rank 0, hand its result (or its error, raised everywhere) to every rank."""
-    _, rank = _world_and_rank()
+    _, rank = _world_and_rank(group)
     outcome: tuple[Any, str | None] = (None, None)
     if rank == 0:
         try:
             outcome = (function(), None)
         except Exception as error:  # reported on every rank below, so nobody waits forever
             outcome = (None, f"{type(error).__name__}: {error}")
-    result, failure = _all_gather(outcome)[0]
+    result, failure = _all_gather(outcome, group)[0]
     if failure:
         raise CheckpointError(f"Could not {action}: {failure}")
     return result
@@ -207,27 +209,29 @@ def _describe_files(folder: str, names: Iterable[str], checksums: bool = True) -
 
 
 def commit_checkpoint(staging_dir: str, final_dir: str, *, error: BaseException | str | None = None,
-                      metadata: dict[str, Any] | None = None) -> str:
-    """Collective: once every rank has written its files, checksum them, write the manifest, rename.
+                      metadata: dict[str, Any] | None = None, group: Any = None) -> str:
+    """Collective (on ``group``, default: every process): once every rank has written its files, checksum
+    them, write the manifest, rename.
 
     A rank passes ``error`` when its writes failed; every rank then raises :class:`CheckpointError`
     and the staging folder is removed. Returns ``final_dir``.
     """
     final_dir = os.path.normpath(os.fspath(final_dir))
-    world, rank = _world_and_rank()
-    errors = _all_gather(None if error is None else f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error))
+    world, rank = _world_and_rank(group)
+    errors = _all_gather(None if error is None else f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error),
+                         group)
     if any(errors):
         if rank == 0:
             shutil.rmtree(staging_dir, ignore_errors=True)
         _raise_if_any_failed(errors, f"write checkpoint {final_dir}")
 
-    names = decide_on_rank0("list the checkpoint's files", lambda: _list_files(staging_dir))
+    names = decide_on_rank0("list the checkpoint's files", lambda: _list_files(staging_dir), group)
     mine: dict[str, Any] | str = {}
     try:
         mine = _describe_files(staging_dir, names[rank::world])
     except OSError as failure:
         mine = f"{type(failure).__name__}: {failure}"
-    described = _all_gather(mine)
+    described = _all_gather(mine, group)
     _raise_if_any_failed([d if isinstance(d, str) else None for d in described], f"checksum {staging_dir}")
 
     def publish() -> str:
@@ -254,7 +258,7 @@ def commit_checkpoint(staging_dir: str, final_dir: str, *, error: BaseException 
             shutil.rmtree(replaced, ignore_errors=True)
         return final_dir
 
-    result = decide_on_rank0(f"publish checkpoint {final_dir}", publish)
+    result = decide_on_rank0(f"publish checkpoint {final_dir}", publish, group)
     if rank == 0:
         logger.info("Saved checkpoint %s", result)
     return result

@@ -110,11 +110,24 @@ def _one_process_is_intended() -> Iterator[None]:
 
 
 def save_sharded(tensors: dict[str, torch.Tensor], path: str) -> None:
-    """Collective: write ``{key: tensor or DTensor}`` to the folder ``path``, each shard by its owner."""
+    """Collective: write ``{key: tensor or DTensor}`` to the folder ``path``, each shard by its owner (or,
+    while an asynchronous save is captured, record the write for its background writer: see :mod:`.staging`)."""
     if any(not isinstance(value, torch.Tensor) for value in tensors.values()):
         raise TypeError("save_sharded stores tensors only; put other values in JSON.")
+    from .staging import active_recorder
+
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.defer("sharded", tensors, path)
+        return
+    write_sharded_now(tensors, path)
+
+
+def write_sharded_now(tensors: dict[str, torch.Tensor], path: str, group: Any = None) -> None:
+    """Collective on ``group`` (default: every process): write the shards now."""
     with dcp_errors_as_checkpoint_errors("save", path), _one_process_is_intended():
-        dcp.save(tensors, storage_writer=FileSystemWriter(path, single_file_per_rank=True), no_dist=_no_dist())
+        dcp.save(tensors, storage_writer=FileSystemWriter(path, single_file_per_rank=True), process_group=group,
+                 no_dist=_no_dist())
 
 
 def load_sharded(targets: dict[str, torch.Tensor], path: str) -> None:

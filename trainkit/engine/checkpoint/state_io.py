@@ -79,11 +79,28 @@ def decode_state(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 
 def write_json(data: Any, path: str) -> None:
-    """Write ``data`` as JSON and flush it to disk (the manifest's checksums are taken from the file)."""
+    """Write ``data`` as JSON and flush it to disk (the manifest's checksums are taken from the file).
+
+    While an asynchronous save is captured, the text is made now (a snapshot) and written by the background
+    writer (see :mod:`.staging`): the loop does not wait for the disk."""
+    from .staging import active_recorder
+
+    text = json.dumps(data, indent=1, allow_nan=False)
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.defer_text(text, path)
+        return
+    write_text_now(text, path)
+
+
+def write_text_now(text: str, path: str, fsync: bool = True) -> None:
+    """Write ``text`` to ``path`` and flush it to disk (``fsync=False``: the caller's commit does, as the
+    checksum pass of :func:`.atomic.commit_checkpoint` fsyncs every file before the manifest is written)."""
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, allow_nan=False)
+        handle.write(text)
         handle.flush()
-        os.fsync(handle.fileno())
+        if fsync:
+            os.fsync(handle.fileno())
 
 
 def read_json(path: str) -> Any:
@@ -93,7 +110,19 @@ def read_json(path: str) -> Any:
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str) -> None:
-    """Write plain (non-distributed) tensors to a safetensors file, copied to the CPU."""
+    """Write plain (non-distributed) tensors to a safetensors file, copied to the CPU (or, while an
+    asynchronous save is captured, record the write for its background writer: see :mod:`.staging`)."""
+    from .staging import active_recorder
+
+    recorder = active_recorder()
+    if recorder is not None:
+        recorder.defer("safetensors", tensors, path)
+        return
+    write_tensors_now(tensors, path)
+
+
+def write_tensors_now(tensors: dict[str, torch.Tensor], path: str) -> None:
+    """Write a safetensors file now (what :func:`save_tensors` does outside an asynchronous capture)."""
     from trainkit.engine.checkpoint.serialization import write_safetensors_file
 
     write_safetensors_file(tensors, path)

@@ -219,7 +219,8 @@ def check_accelerator(accelerator: Any) -> None:
     if watch.poll():
         if accelerator.is_main_process:
             logger.warning("Preemption (%s): every process stops here and saves its state.", watch.describe_cause())
-        folder = accelerator.save_state()
+        # Any save in flight is finished first; this one is durable before the process exits.
+        folder = accelerator.save_state(synchronous=True)
         accelerator.end_training()
         watch.exit_after_save(folder, state=accelerator.state)
 
