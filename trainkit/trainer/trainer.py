@@ -21,11 +21,12 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 
 from trainkit.engine.step.accumulation import accumulation_windows
 
-from . import checkpoints, hub, preemption, resume, wiring
+from . import hub, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState)
-from .checkpoint_manager import CheckpointManager
+from .checkpointing import files as checkpoints, preemption, resume
+from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
 from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_unknown_columns, default_collator,
                    default_label_names, loss_from_outputs, remove_unused_columns, samples_in, split_loss, tokens_in)
@@ -594,3 +595,4 @@ class Trainer:
         self.create_model_card(**card_fields)
         if self.is_world_process_zero():
             self.hub.upload(self.args.output_dir, commit_message)
+

@@ -32,8 +32,8 @@ from .errors import CheckpointMismatchError
 from .resume_folder import ACCELERATOR_CONVENTION, find_resume_folder
 from .rng import capture_rng_state, restore_rng_state
 
-if TYPE_CHECKING:  # the Accelerator imports this module lazily; its type is all that is needed here
-    from trainkit.engine.accelerator import Accelerator
+if TYPE_CHECKING:  # the Accelerator as this module sees it: a Protocol (the Accelerator imports this package)
+    from .protocol import CheckpointedAccelerator as Accelerator
     from trainkit.engine.api.prepared import PreparedObjects
 
 logger = logging.getLogger(__name__)
