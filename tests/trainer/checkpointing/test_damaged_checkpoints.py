@@ -2,7 +2,7 @@
 verifies, the replayed steps save over the damaged folder (kept aside as ``checkpoint-N.damaged-*``), the final
 weights are bitwise the uninterrupted run's, and an explicit or best checkpoint that does not verify is named.
 
-The same under ``trainkit launch --max_restarts`` on 2 gloo ranks: tests/trainer/test_damaged_checkpoints_processes.py.
+The same under ``trainkit launch --max_restarts`` on 2 gloo ranks: tests/trainer/checkpointing/test_damaged_checkpoints_processes.py.
 """
 
 import logging

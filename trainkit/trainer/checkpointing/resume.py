@@ -68,7 +68,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     steps_done = loaded.global_step % steps_per_epoch if steps_per_epoch else 0
     if position_restored or not steps_per_epoch:
         return ResumePoint(steps_done, 0)  # the loader continues at its next sample by itself
-    return ResumePoint(steps_done, steps_done * trainer.args.gradient_accumulation_steps)
+    return ResumePoint(steps_done, steps_done * trainer.accelerator.config.gradient_accumulation_steps)
 
 
 def _adopt_state(trainer: Trainer, loaded: Any) -> None:
