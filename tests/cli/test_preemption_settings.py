@@ -79,7 +79,7 @@ def test_launcher_exit_code_from_the_workers_notes():
 
 def test_trainer_switch_follows_saving_unless_set():
     from trainkit import TrainingArguments
-    from trainkit.trainer.preemption import is_enabled
+    from trainkit.trainer.checkpointing.preemption import is_enabled
 
     assert is_enabled(TrainingArguments(output_dir="o"))
     assert not is_enabled(TrainingArguments(output_dir="o", save_strategy="no"))

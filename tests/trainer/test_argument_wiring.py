@@ -291,6 +291,22 @@ def test_ddp_fields_reach_ddp_and_the_process_group(tmp_path):
     assert seen[0]["gathered_objects"] == pytest.approx([i + offset for i in range(13)])  # eval_use_gather_object
 
 
+
+def test_the_model_card_names_the_runs_accumulation_also_when_the_launcher_set_it(tmp_path, monkeypatch):
+    """CPU, one process, as `trainkit launch --gradient_accumulation_steps 2` starts it: transformers' card code
+    reads the accumulation from the arguments, which stay as the script wrote them (1); the card still
+    describes the run (2, and the total batch it makes)."""
+    from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handoff
+
+    launch = LaunchConfig.resolve([({"gradient_accumulation_steps": 2}, "flag")])
+    monkeypatch.setenv(LAUNCH_CONFIG_ENV, str(write_launch_handoff(launch, tmp_path / "launch.json")))
+    trainer = Trainer(model=_tiny_gpt2(), args=_args(tmp_path / "out", max_steps=1), train_dataset=CausalTokens())
+    trainer.train()
+    trainer.create_model_card(model_name="tiny")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "- gradient_accumulation_steps: 2" in card and "- total_train_batch_size: 8" in card
+    assert trainer.args.gradient_accumulation_steps == 1
+
 def test_memory_metrics_when_not_skipped(tmp_path):
     args = _args(tmp_path, skip_memory_metrics=False)
     trainer = Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(8), eval_dataset=IndexDataset(4))

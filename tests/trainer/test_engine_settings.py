@@ -1,11 +1,12 @@
-"""TrainingArguments projected into the engine's configuration: a field at its default is "not set"."""
+"""TrainingArguments projected into the engine's configuration: a field at its default is "not set" (CPU only)."""
 
 from __future__ import annotations
 
-from trainkit import TrainingArguments
-from trainkit.config import LaunchConfig
+from tests.trainer.helpers import EchoModel, IndexDataset
+from trainkit import Trainer, TrainingArguments
+from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handoff
 from trainkit.config.engine import resolve_engine_config
-from trainkit.trainer.engine_settings import engine_config_for_trainer, training_arguments_settings
+from trainkit.trainer.engine_settings import training_arguments_settings
 
 
 def arguments(tmp_path, **kwargs) -> TrainingArguments:
@@ -36,10 +37,35 @@ def test_a_named_full_shard_is_explicit_although_it_is_the_default(tmp_path) -> 
     assert settings["fsdp.sharding_strategy"].value == "FULL_SHARD"
 
 
-def test_the_trainers_engine_steps_every_call_and_says_why(tmp_path) -> None:
+def test_the_launchers_accumulation_reaches_the_run_not_the_arguments(tmp_path, monkeypatch) -> None:
+    """CPU, one process, started as `trainkit launch --gradient_accumulation_steps 4` starts it (its hand-off file).
+
+    The arguments stay what the script wrote: transformers never writes a launcher's value into them (its
+    Trainer ignores Accelerate's accumulation variable and hands Accelerate num_steps=1). The run accumulates
+    4 micro-batches per optimizer step, read from ``accelerator.config`` with where the value came from,
+    while the engine's implicit windows stay one micro-batch long, as in transformers.
+    """
     launch = LaunchConfig.resolve([({"gradient_accumulation_steps": 4}, "flag")])
-    config = resolve_engine_config(training_arguments_settings(arguments(tmp_path)), launch=launch)
-    engine = engine_config_for_trainer(config)
-    assert engine.gradient_accumulation_steps == 1
-    assert engine.source_of("gradient_accumulation_steps") == (
-        "Trainer (runs its own windows of 4, from launcher flag --gradient_accumulation_steps)")
+    monkeypatch.setenv(LAUNCH_CONFIG_ENV, str(write_launch_handoff(launch, tmp_path / "launch.json")))
+    args = arguments(tmp_path, per_device_train_batch_size=2, num_train_epochs=1, save_strategy="no",
+                     disable_tqdm=True)
+    for _ in range(2):  # a second Trainer on the same arguments: still not set by the script, still the launcher's
+        trainer = Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(16))
+        assert args.gradient_accumulation_steps == 1
+        config = trainer.accelerator.config
+        assert config.gradient_accumulation_steps == 4
+        assert config.source_of("gradient_accumulation_steps") == "launcher flag --gradient_accumulation_steps"
+        assert trainer.accelerator.gradient_accumulation_steps == 1
+        assert trainer.train().global_step == 2  # 16 samples in batches of 2: 8 micro-batches, windows of 4
+
+
+def test_accumulation_the_arguments_set_wins_over_the_launcher(tmp_path, monkeypatch) -> None:
+    """CPU, one process: TrainingArguments(gradient_accumulation_steps=2) under a launcher that says 4."""
+    launch = LaunchConfig.resolve([({"gradient_accumulation_steps": 4}, "flag")])
+    monkeypatch.setenv(LAUNCH_CONFIG_ENV, str(write_launch_handoff(launch, tmp_path / "launch.json")))
+    args = arguments(tmp_path, per_device_train_batch_size=2, num_train_epochs=1, save_strategy="no",
+                     disable_tqdm=True, gradient_accumulation_steps=2)
+    trainer = Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(16))
+    assert (args.gradient_accumulation_steps, trainer.accelerator.config.gradient_accumulation_steps) == (2, 2)
+    assert trainer.accelerator.config.source_of("gradient_accumulation_steps") == "TrainingArguments(gradient_accumulation_steps=)"
+    assert trainer.train().global_step == 4

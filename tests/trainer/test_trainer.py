@@ -11,7 +11,7 @@ from torch import nn
 
 from tests.trainer.helpers import EchoModel, IndexDataset, TinyTokenModel, TokenDataset, train_token_model
 from trainkit import EarlyStoppingCallback, Trainer, TrainerCallback, TrainingArguments
-from trainkit.trainer import checkpoints
+from trainkit.trainer.checkpointing import files as checkpoints
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -5,11 +5,15 @@ A field counts as set when its value differs from transformers' default for it: 
 when passed explicitly, e.g. by ``HfArgumentParser``, which passes every field) is not set, so the
 launcher's value applies: ``trainkit launch --mixed_precision bf16 --gradient_accumulation_steps 4`` reaches
 a Trainer script whose arguments name neither — transformers itself treats ``fp16=bf16=False`` that way.
+
+The arguments are only read, never written: the run's settings (accumulation, precision and the rest) are the
+resolved :class:`~trainkit.config.engine.EngineConfig`, which the Trainer reads from ``accelerator.config``,
+each with where it came from. ``TrainingArguments`` stay what the script wrote, as in transformers.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, resolve_engine_config
@@ -19,8 +23,10 @@ from trainkit.engine.api.configuration import deepspeed_plugin_settings, dynamo_
 
 from .arguments import TrainingArguments
 
+if TYPE_CHECKING:
+    from trainkit.engine.accelerator import Accelerator
+
 SOURCE = "TrainingArguments"
-_LAUNCHER_FILLED = "_trainkit_launcher_filled"  # fields the Trainer copied from the launcher into the arguments
 
 
 def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any = None) -> dict[str, Setting]:
@@ -28,7 +34,6 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
 
     ``deepspeed_plugin`` is ``args.deepspeed`` already translated for the Trainer (trainer/deepspeed.py).
     """
-    filled: dict[str, object] = getattr(args, _LAUNCHER_FILLED, {})
     settings: dict[str, Setting] = {}
     if deepspeed_plugin is not None:
         settings.update(deepspeed_plugin_settings(deepspeed_plugin, f"{SOURCE}(deepspeed=)"))
@@ -37,7 +42,7 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
         settings["dynamo"] = Setting(dynamo_from_arguments(None, plugin), f"{SOURCE}(torch_compile=True)")
     if args.fp16 or args.bf16:
         settings["mixed_precision"] = Setting(args.mixed_precision, f"{SOURCE}({'fp16' if args.fp16 else 'bf16'}=True)")
-    if args.gradient_accumulation_steps not in (1, filled.get("gradient_accumulation_steps")):
+    if args.gradient_accumulation_steps != 1:
         settings["gradient_accumulation_steps"] = Setting(args.gradient_accumulation_steps,
                                                           f"{SOURCE}(gradient_accumulation_steps=)")
     if args.use_cpu:
@@ -58,24 +63,32 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
 
 
 def resolve_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None) -> EngineConfig:
-    """Resolve the engine's configuration for a Trainer, then give the arguments the launcher's accumulation.
+    """The engine's configuration for a Trainer: what ``args`` set > the launcher's flags and file > defaults
+    (:func:`~trainkit.config.engine.resolve_engine_config`); ``args`` are read only."""
+    return resolve_engine_config(training_arguments_settings(args, deepspeed_plugin))
 
-    The Trainer runs its own accumulation windows from ``args.gradient_accumulation_steps``, so a value that
-    came from the launcher is written there (and remembered as the launcher's, so a second Trainer on the
-    same arguments still sees it as not set by the script).
+
+def accelerator_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None) -> Accelerator:
+    """The Trainer's engine, configured from ``args`` (the engine itself never sees TrainingArguments).
+
+    ``accelerator.config`` holds the resolved settings; the Trainer's loop opens each accumulation window itself
+    (``open_accumulation_window``) with ``config.gradient_accumulation_steps`` micro-batches, so the engine's
+    implicit windows (``accelerator.gradient_accumulation_steps``) stay one micro-batch long, as in transformers.
     """
-    config = resolve_engine_config(training_arguments_settings(args, deepspeed_plugin))
-    steps = config.gradient_accumulation_steps
-    if steps != args.gradient_accumulation_steps:
-        args.gradient_accumulation_steps = steps
-        setattr(args, _LAUNCHER_FILLED, {"gradient_accumulation_steps": steps})
-    return config
+    from trainkit.engine.accelerator import Accelerator
+    from trainkit.utils.dataclasses import ProjectConfiguration
+
+    from .wiring import engine_options
+
+    accelerator = Accelerator(
+        engine_config=resolve_for_trainer(args, deepspeed_plugin),
+        **engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
+        log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
+        project_dir=args.output_dir,
+        project_config=ProjectConfiguration(async_save=args.async_save),
+    )
+    accelerator.gradient_accumulation_steps = 1
+    return accelerator
 
 
-def engine_config_for_trainer(config: EngineConfig) -> EngineConfig:
-    """What the Trainer's Accelerator runs with: the Trainer accumulates itself, so its engine steps every call."""
-    steps, source = config.gradient_accumulation_steps, config.source_of("gradient_accumulation_steps")
-    return config.replace(f"Trainer (runs its own windows of {steps}, from {source})", gradient_accumulation_steps=1)
-
-
-__all__ = ["engine_config_for_trainer", "resolve_for_trainer", "training_arguments_settings"]
+__all__ = ["accelerator_for_trainer", "resolve_for_trainer", "training_arguments_settings"]

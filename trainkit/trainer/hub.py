@@ -69,21 +69,25 @@ def write_model_card(trainer, **card_fields) -> str:
 
 class _CardView:
     """The trainer as transformers' model-card code reads it: the same, except that ``args.lr_scheduler_type``
-    is transformers' SchedulerType enum (trainkit keeps the plain string)."""
+    is transformers' SchedulerType enum (trainkit keeps the plain string) and ``args.gradient_accumulation_steps``
+    the run's (the engine's resolved value, which the launcher may have set)."""
 
     def __init__(self, trainer) -> None:
         self._trainer = trainer
-        self.args = _EnumArgs(trainer.args)
+        self.args = _EnumArgs(trainer.args, trainer.accelerator.config.gradient_accumulation_steps)
 
     def __getattr__(self, name: str):
         return getattr(self._trainer, name)
 
 
 class _EnumArgs:
-    def __init__(self, args) -> None:
+    def __init__(self, args, accumulation_steps: int) -> None:
         self._args = args
+        self._accumulation_steps = accumulation_steps
 
     def __getattr__(self, name: str):
+        if name == "gradient_accumulation_steps":
+            return self._accumulation_steps
         value = getattr(self._args, name)
         if name == "lr_scheduler_type":
             from transformers.trainer_utils import SchedulerType

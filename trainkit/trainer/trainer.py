@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -21,11 +21,12 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 
 from trainkit.engine.step.accumulation import accumulation_windows
 
-from . import checkpoints, hub, preemption, resume, wiring
+from . import hub, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState)
-from .checkpoint_manager import CheckpointManager
+from .checkpointing import files as checkpoints, preemption, resume
+from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
 from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_unknown_columns, default_collator,
                    default_label_names, loss_from_outputs, remove_unused_columns, samples_in, split_loss, tokens_in)
@@ -103,6 +104,7 @@ class Trainer:
         self._num_parameters = sum(p.numel() for p in model.parameters())
         self._eval_dataloaders: dict[Any, DataLoader] = {}
         self._last_grad_norm: torch.Tensor | None = None
+        self._preemption_watch: PreemptionWatch | None = None  # while train() runs (checkpointing/preemption.py)
         self.checkpoint_manager = CheckpointManager(self)
         """Saves, resume point, rotation and the best model: every checkpoint goes through it."""
         default_callbacks = [DefaultFlowCallback, TrackerCallback(self.accelerator),
@@ -118,28 +120,20 @@ class Trainer:
     # ------------------------------------------------------------------ engine and process identity
 
     def create_accelerator(self):
-        """The engine, configured from the arguments (the engine itself never sees TrainingArguments)."""
-        from trainkit.engine.accelerator import Accelerator
-        from trainkit.utils.dataclasses import ProjectConfiguration
+        """The engine, configured from the arguments; the run's settings are then ``accelerator.config`` (the
+        arguments are never written to: see trainer/engine_settings.py)."""
+        from .engine_settings import accelerator_for_trainer
 
-        from .engine_settings import engine_config_for_trainer, resolve_for_trainer
-
-        args = self.args
-        if args.deepspeed is not None:
+        if self.args.deepspeed is not None:
             from .deepspeed import deepspeed_for_trainer
 
-            self._deepspeed = deepspeed_for_trainer(args)
-        # The arguments the script set > the launcher's flags and file > defaults (trainkit.config.engine).
-        config = resolve_for_trainer(args, deepspeed_plugin=self._deepspeed.plugin if self._deepspeed else None)
-        return Accelerator(
-            # The Trainer opens explicit windows in the engine (open_accumulation_window), so the engine's own
-            # implicit windows stay one micro-batch long.
-            engine_config=engine_config_for_trainer(config),
-            **wiring.engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
-            log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
-            project_dir=args.output_dir,
-            project_config=ProjectConfiguration(async_save=args.async_save),
-        )
+            self._deepspeed = deepspeed_for_trainer(self.args)
+        return accelerator_for_trainer(self.args, self._deepspeed.plugin if self._deepspeed else None)
+
+    @property
+    def _accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step, as the engine resolved it (the arguments > the launcher > 1)."""
+        return self.accelerator.config.gradient_accumulation_steps
 
     def _configure_logging(self) -> None:
         level = self.args.log_level if self.args.should_log else self.args.log_level_replica  # log_on_each_node
@@ -286,7 +280,7 @@ class Trainer:
     def _train_once(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         resume_from_checkpoint = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
         train_dataloader = self.get_train_dataloader()
-        plan = training_plan(train_dataloader, self.args.gradient_accumulation_steps,
+        plan = training_plan(train_dataloader, self._accumulation_steps,
                              self.args.max_steps, self.args.num_train_epochs)
         self._setup_training(plan.max_steps)
         self.state = TrainerState(max_steps=plan.max_steps, num_train_epochs=plan.num_epochs,
@@ -314,7 +308,7 @@ class Trainer:
             batches = self._epoch_batches(train_dataloader, epoch, start_at.batches_to_skip if epoch == first_epoch else 0)
             self.control._new_epoch()
             self.control = handler.on_epoch_begin(args, state, self.control)
-            for window in accumulation_windows(batches, args.gradient_accumulation_steps):
+            for window in accumulation_windows(batches, self._accumulation_steps):
                 self.control._new_step()
                 self.control = handler.on_step_begin(args, state, self.control)
                 self._train_window(model, window)
@@ -376,7 +370,7 @@ class Trainer:
             scaled_for_window = self.compute_loss_func is not None
         if not scaled_for_window:
             if num_items_in_batch is None:
-                loss = loss / self.args.gradient_accumulation_steps
+                loss = loss / self._accumulation_steps
             else:
                 # A mean over this micro-batch's items, weighted by its share of the window's items on all processes.
                 loss = loss * (self._count_items(inputs) / num_items_in_batch)
@@ -443,7 +437,7 @@ class Trainer:
             self._count_tokens(leftover["tokens"])
         if args.load_best_model_at_end:
             self.checkpoint_manager.load_best_model()
-        global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * self.accelerator.num_processes
+        global_batch = args.per_device_train_batch_size * self._accumulation_steps * self.accelerator.num_processes
         metrics = speed_metrics("train", start, num_samples=steps_run * global_batch, num_steps=steps_run)
         metrics.update(total_flos=state.total_flos, train_loss=self.meter.train_loss)
         self.log(metrics)
@@ -597,3 +591,10 @@ class Trainer:
         self.create_model_card(**card_fields)
         if self.is_world_process_zero():
             self.hub.upload(self.args.output_dir, commit_message)
+
+
+if TYPE_CHECKING:  # mypy checks that the Trainer has all that checkpointing/ reads and writes on it
+    from trainkit.engine.process.preemption import PreemptionWatch
+
+    from .checkpointing.protocol import PreemptibleTrainer
+    _CHECKPOINTED: type[PreemptibleTrainer] = Trainer

@@ -34,8 +34,8 @@ from .rng import capture_rng_state, restore_rng_state
 from .saving import save_checkpoint_folder
 from .storage import checkpoint_io_of
 
-if TYPE_CHECKING:  # the Accelerator imports this module lazily; its type is all that is needed here
-    from trainkit.engine.accelerator import Accelerator
+if TYPE_CHECKING:  # the Accelerator as this module sees it: a Protocol (the Accelerator imports this package)
+    from .protocol import CheckpointedAccelerator as Accelerator
     from trainkit.engine.api.prepared import PreparedObjects
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Resuming the Trainer from a ``checkpoint-N`` folder: loading it, and where the data continues.
 
 Which folder is decided by :func:`trainkit.engine.checkpoint.resume_folder.find_resume_folder` (through
-the Trainer's :class:`~trainkit.trainer.checkpoints.CheckpointManager`): ``train(resume_from_checkpoint=True)``
+the Trainer's :class:`~trainkit.trainer.checkpointing.manager.CheckpointManager`): ``train(resume_from_checkpoint=True)``
 takes the newest complete checkpoint in ``output_dir``, and after a torchelastic restart ``train()`` does the
 same by itself, so the script needs no change.
 
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainkit.engine.data import PreparedDataLoader
 
-from .checkpoints import TRAINER_STATE_NAME, has_engine_state, load_model_weights, training_loaders
+from .files import TRAINER_STATE_NAME, has_engine_state, load_model_weights, training_loaders
 
-if TYPE_CHECKING:  # the Trainer imports this module; its type is all that is needed here
-    from .trainer import Trainer
+if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
+    from .protocol import CheckpointedTrainer as Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
                     verify_checksums: bool = True) -> ResumePoint:
     """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state).
     ``verify_checksums=False``: sizes only, for a folder the caller has just verified."""
-    from .callbacks import TrainerState
+    from ..callbacks import TrainerState
 
     if trainer.accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
@@ -68,7 +68,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     steps_done = loaded.global_step % steps_per_epoch if steps_per_epoch else 0
     if position_restored or not steps_per_epoch:
         return ResumePoint(steps_done, 0)  # the loader continues at its next sample by itself
-    return ResumePoint(steps_done, steps_done * trainer.args.gradient_accumulation_steps)
+    return ResumePoint(steps_done, steps_done * trainer.accelerator.config.gradient_accumulation_steps)
 
 
 def _adopt_state(trainer: Trainer, loaded: Any) -> None:

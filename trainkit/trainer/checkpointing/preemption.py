@@ -15,12 +15,15 @@ import json
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainkit.config.files import write_text_atomic
 from trainkit.engine.process.preemption import PreemptionWatch
 
-from . import checkpoints
+from . import files as checkpoints
+
+if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
+    from .protocol import PreemptibleTrainer
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +48,7 @@ def was_preempted(output_dir: str) -> bool:
 
 
 @contextlib.contextmanager
-def watching(trainer: Any) -> Iterator[None]:
+def watching(trainer: PreemptibleTrainer) -> Iterator[None]:
     """Handle the preemption signals for the duration of the training loop (when enabled)."""
     if not is_enabled(trainer.args):
         yield
@@ -64,7 +67,7 @@ def watching(trainer: Any) -> Iterator[None]:
         trainer._preemption_watch = None
 
 
-def at_step_boundary(trainer: Any) -> None:
+def at_step_boundary(trainer: PreemptibleTrainer) -> None:
     """Collective (called after every optimizer step): on an agreed stop, save ``checkpoint-N`` and exit."""
     watch = getattr(trainer, "_preemption_watch", None)
     if watch is None or not watch.poll():

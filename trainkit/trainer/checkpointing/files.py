@@ -14,7 +14,7 @@ engine's, so every file is written once::
 
 The folder is staged under a hidden name and renamed into place once complete, so a process killed
 while saving leaves the previous checkpoints untouched; "complete" means the manifest matches the files.
-Resuming is in :mod:`.resume`; the Trainer reaches both through its one :class:`.checkpoint_manager.CheckpointManager`.
+Resuming is in :mod:`.resume`; the Trainer reaches both through its one :class:`.manager.CheckpointManager`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from trainkit.engine.checkpoint.saving import save_checkpoint_folder
 from trainkit.engine.checkpoint.storage import checkpoint_io_of
 from trainkit.engine.data import PreparedDataLoader
 
-if TYPE_CHECKING:  # the Trainer imports this module; its type is all that is needed here
-    from .trainer import Trainer
+if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
+    from .protocol import CheckpointedTrainer as Trainer
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import sys
 from safetensors.torch import save_file
 
 from tests.trainer.checkpoint_workload import final_weights, make_trainer
-from trainkit.trainer import checkpoints
+from trainkit.trainer.checkpointing import files as checkpoints
 
 OUT = sys.argv[1]
 RANK = int(os.environ.get("RANK", "0"))

@@ -2,7 +2,7 @@
 verifies, the replayed steps save over the damaged folder (kept aside as ``checkpoint-N.damaged-*``), the final
 weights are bitwise the uninterrupted run's, and an explicit or best checkpoint that does not verify is named.
 
-The same under ``trainkit launch --max_restarts`` on 2 gloo ranks: tests/trainer/test_damaged_checkpoints_processes.py.
+The same under ``trainkit launch --max_restarts`` on 2 gloo ranks: tests/trainer/checkpointing/test_damaged_checkpoints_processes.py.
 """
 
 import logging
@@ -14,7 +14,7 @@ import torch
 from tests.trainer.checkpoint_workload import final_weights, make_trainer
 from trainkit.engine.checkpoint import CorruptedCheckpointError, list_checkpoints, verify_checkpoint
 from trainkit.engine.checkpoint.atomic import DAMAGED_MARK, atomic_checkpoint
-from trainkit.trainer import checkpoints
+from trainkit.trainer.checkpointing import files as checkpoints
 
 pytestmark = pytest.mark.timeout(180)
 STEPS, DAMAGED_STEP = 6, 4  # the damaged checkpoint lies before max_steps: the resumed run saves over it

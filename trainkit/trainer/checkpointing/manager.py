@@ -3,7 +3,7 @@
 Every path that writes or reads a Trainer checkpoint goes through one :class:`CheckpointManager`: the
 periodic save of the training loop, a save on demand (the preemption save calls :meth:`save_now`),
 ``train(resume_from_checkpoint=...)`` and ``load_best_model_at_end``. It remembers the folder the run
-resumed from, so rotation never deletes it. The files themselves are written by :mod:`.checkpoints`
+resumed from, so rotation never deletes it. The files themselves are written by :mod:`.files`
 and loaded by :mod:`.resume`; which folder to resume from is decided by the engine's one finder.
 """
 
@@ -17,10 +17,11 @@ from trainkit.engine.checkpoint import CorruptedCheckpointError, IncompleteCheck
 from trainkit.engine.checkpoint.atomic import decide_on_rank0
 from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, find_resume_folder
 
-from . import checkpoints, preemption, resume
+from . import files as checkpoints
+from . import preemption, resume
 
-if TYPE_CHECKING:
-    from .trainer import Trainer
+if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
+    from .protocol import CheckpointedTrainer as Trainer
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from tests.cli.cli_helpers import cli_env
 from tests.distributed import REPO
 from trainkit.config.preemption import PREEMPTED_EXIT_CODE
 from trainkit.engine.checkpoint import list_checkpoints, verify_checkpoint
-from trainkit.trainer.preemption import MARKER_NAME
+from trainkit.trainer.checkpointing.preemption import MARKER_NAME
 
 WORKER = Path(__file__).resolve().parent / "preemption_worker.py"
 DEADLINE = 240.0

@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 from tests.trainer.checkpoint_workload import DropoutRegressor, final_weights, make_trainer
 from trainkit.engine.checkpoint import read_manifest, verify_checkpoint
 from trainkit.engine.process.state import ProcessState
-from trainkit.trainer import checkpoints
+from trainkit.trainer.checkpointing import files as checkpoints
 
 pytestmark = pytest.mark.timeout(180)
 STEPS = 16  # 2 epochs of 8 optimizer steps; step 8 ends epoch 1 with a short window
@@ -323,7 +323,7 @@ def test_cuda_states_restored_before_cuda_is_initialised_are_kept(tmp_path):
     state = capture_rng_state()
     expected = torch.rand(5, device="cuda").tolist()
     (tmp_path / "state.json").write_text(json.dumps([state, expected]))
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(Path(__file__).resolve().parents[3])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-c", RESTORE_BEFORE_CUDA_INIT, str(tmp_path / "state.json")],
                             capture_output=True, text=True, timeout=120, env=env)

@@ -1,0 +1,72 @@
+"""What the checkpoint modules need from a Trainer, as a structural type (the Trainer is never imported here).
+
+The Trainer imports the checkpoint modules; typing them against this ``Protocol`` instead of ``Trainer``
+keeps the dependency one-way (no import cycle, ``TYPE_CHECKING`` imports included) and lists, in one place,
+what saving, resuming and a preemption save touch. Read-only members are properties; ``state`` and the
+preemption watch are the only attributes these modules assign. trainer.py has mypy check that the Trainer
+satisfies :class:`PreemptibleTrainer`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine.process.preemption import PreemptionWatch
+
+    from ..arguments import TrainingArguments
+    from ..callbacks import CallbackHandler, TrainerState
+    from ..hub import HubUploader
+
+
+class CheckpointedTrainer(Protocol):
+    """The Trainer as the checkpoint files, resume and the manager see it."""
+
+    state: TrainerState
+    """Saved with each checkpoint; replaced by the checkpoint's own on resume."""
+
+    @property
+    def args(self) -> TrainingArguments:
+        """Where and how often to save (``output_dir``, ``save_*``, ``hub_strategy``), what a resume restores."""
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """Writes and loads the engine's state; its ``config`` holds the run's resolved accumulation."""
+
+    @property
+    def callback_handler(self) -> CallbackHandler:
+        """Its callbacks' states are saved (and restored on request), its training loader's position too."""
+
+    @property
+    def model_wrapped(self) -> Any:
+        """The model as the engine prepared it: its weights are saved and loaded."""
+
+    @property
+    def processing_class(self) -> Any:
+        """Saved beside the weights when it has ``save_pretrained``."""
+
+    @property
+    def hub(self) -> HubUploader | None:
+        """Uploads each checkpoint under ``hub_strategy``; None without ``push_to_hub``."""
+
+    def is_world_process_zero(self) -> bool:
+        """True on the one process that writes the run's own files."""
+
+
+class SavesNow(Protocol):
+    """The manager's on-demand save, as the preemption save calls it."""
+
+    def save_now(self) -> str:
+        """Collective: write ``checkpoint-{global_step}`` whatever the save strategy; return the folder."""
+
+
+class PreemptibleTrainer(CheckpointedTrainer, Protocol):
+    """A Trainer that saves once and exits on a preemption signal (:mod:`.preemption`)."""
+
+    _preemption_watch: PreemptionWatch | None
+    """The signal watch while the training loop runs (set by :func:`.preemption.watching`), else None."""
+
+    @property
+    def checkpoint_manager(self) -> SavesNow:
+        """Writes the preemption checkpoint (:meth:`~.manager.CheckpointManager.save_now`)."""
