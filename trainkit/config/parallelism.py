@@ -75,7 +75,7 @@ class ParallelismConfig:
     cp_handler: Any = None
     sp_handler: Any = None
 
-    device_mesh = None
+    device_mesh = None  # type: Any  # not a dataclass field (as in Accelerate): set once the mesh exists
     """The device mesh built for this config by the Accelerator (class attribute until then, as in Accelerate)."""
 
     def __post_init__(self) -> None:

@@ -104,14 +104,15 @@ class AccelerateAttributes:
     def torch_device_mesh(self) -> Any:
         """The device mesh ``dp_replicate x dp_shard x tp`` (plus the flattened ``dp``), or None without a
         ParallelismConfig (the FSDP strategy then builds its mesh internally)."""
-        return self.parallel_dims.mesh if self.parallel_dims is not None else None
+        dims = self.parallel_dims
+        return dims.mesh if dims is not None and dims.world_size > 1 else None
 
     def _mesh_rank(self, dimension: str, what: str) -> int:
         dims = self.parallel_dims
         if dims is None:
             raise RuntimeError(f"Accelerator.{what} needs a ParallelismConfig (Accelerator(parallelism_config=...)); "
                                "without one, the data-parallel rank is accelerator.process_index.")
-        return dims.mesh.get_local_rank(dimension) if getattr(dims, dimension) > 1 else 0
+        return dims.mesh.get_local_rank(dimension) if getattr(dims, dimension) > 1 else 0  # size 1: no mesh needed
 
     @property
     def data_parallel_rank(self) -> int:

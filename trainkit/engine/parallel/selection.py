@@ -9,18 +9,17 @@ from trainkit.engine.process.state import ProcessState
 
 
 def parallel_dims_for(config: EngineConfig, state: ProcessState) -> ParallelDims | None:
-    """The run's degrees resolved against its world size (None without a ParallelismConfig or on one process
-    with all degrees 1); the device mesh is built here, on every process, as Accelerate does."""
+    """The run's degrees resolved against its world size (None without a ParallelismConfig); on more than one
+    process the device mesh is built here, on every process, as Accelerate does (one process has none)."""
     if config.parallelism is None:
         return None
     if config.deepspeed is not None:
         raise ConfigError("parallelism_config with a DeepSpeed config: trainkit runs DeepSpeed configs on its own "
                           "DDP/FSDP2 layout; use one or the other.")
     dims = ParallelDims(config.parallelism, state.world_size, state.device.type)
-    if state.world_size == 1:
-        return None
-    state.ensure_process_group()
-    dims.config.device_mesh = dims.mesh
+    if state.world_size > 1:
+        state.ensure_process_group()
+        dims.config.device_mesh = dims.mesh
     return dims
 
 
