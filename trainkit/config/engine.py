@@ -197,8 +197,16 @@ def _deepspeed_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     return {key: Setting(value, f"{source} (DeepSpeed)") for key, value in values.items()}
 
 
+def _parallelism_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    config = launch.parallelism()
+    if config is None:
+        return {}
+    return {"parallelism": Setting(config, launcher_source(launch.source_of("parallelism_config"), "parallelism_config"))}
+
+
 LAUNCHER_MAPPINGS: list[Callable[[LaunchConfig], dict[str, Setting]]] = [
-    _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings]
+    _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings,
+    _parallelism_launch_settings]
 """How the launcher's config becomes settings: one function per section (add DeepSpeed's here)."""
 
 

@@ -32,6 +32,12 @@ DEGREE_FIELDS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp
 """The size fields, in Accelerate's order."""
 MESH_ORDER = ("dp_replicate", "dp_shard", "tp")
 """Mesh dimensions outermost first: tensor-parallel ranks are neighbours (the fastest links)."""
+LAUNCH_PREFIX = "parallelism_config_"
+LAUNCH_KEYS = (*DEGREE_FIELDS, "cp_backend", "sp_backend", "cp_comm_strategy", "sp_seq_length",
+               "sp_seq_length_is_variable", "sp_attn_implementation")
+"""The keys of the launch YAML's ``parallelism_config:`` block and of the ``--parallelism_config_*`` flags,
+after the prefix (Accelerate 1.15's launcher); the last four configure context/sequence parallelism, which
+trainkit refuses, and are accepted only to be ignored while those sizes are 1."""
 REST = -1
 """A degree of -1: whatever the world size leaves once the other degrees are applied."""
 
@@ -206,22 +212,22 @@ class ParallelismConfig:
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> ParallelismConfig:
         """Build from a launch YAML block or flags: keys ``parallelism_config_<field>`` (as Accelerate writes
         them) or the bare field names; an unknown key is an error naming the valid ones."""
-        fields = {name: value for name, value in values.items()}
-        known = (*DEGREE_FIELDS, "cp_backend", "sp_backend", "cp_comm_strategy", "sp_seq_length",
-                 "sp_seq_length_is_variable", "sp_attn_implementation")
         chosen: dict[str, Any] = {}
-        for key, value in fields.items():
-            name = key[len("parallelism_config_"):] if key.startswith("parallelism_config_") else key
-            if name not in known:
-                raise ConfigError(f"{where}: unknown key {key!r}; valid: "
-                                  f"{['parallelism_config_' + k for k in known]}.")
+        for key, value in values.items():
+            name = key[len(LAUNCH_PREFIX):] if key.startswith(LAUNCH_PREFIX) else key
+            if name not in LAUNCH_KEYS:
+                raise ConfigError(f"{where}: unknown key {key!r}; valid: {[LAUNCH_PREFIX + k for k in LAUNCH_KEYS]}.")
             if name in DEGREE_FIELDS and value is not None:
                 value = _degree(f"parallelism_config_{name}", value, where)
             chosen[name] = value
         # Settings of the refused dimensions mean nothing while those dimensions are off (size 1).
-        for extra in ("cp_comm_strategy", "sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation"):
+        for extra in LAUNCH_KEYS[len(DEGREE_FIELDS) + 2:]:
             chosen.pop(extra, None)
         return cls(**chosen)
+
+    def to_launch_dict(self) -> dict[str, Any]:
+        """The ``parallelism_config:`` block as Accelerate writes it (``parallelism_config_<field>`` keys)."""
+        return {LAUNCH_PREFIX + name: value for name, value in self.to_dict().items()}
 
 
 def _degree(name: str, value: Any, where: str = "ParallelismConfig") -> int:

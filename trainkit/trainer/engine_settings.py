@@ -44,6 +44,8 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
         settings["use_cpu"] = Setting(True, f"{SOURCE}(use_cpu=True)")
     if args.ddp_timeout_if_set is not None:  # 1800 (transformers' default) counts as not set
         settings["collective_timeout"] = Setting(float(args.ddp_timeout), f"{SOURCE}(ddp_timeout=)")
+    if args.parallelism_config is not None:
+        settings["parallelism"] = Setting(args.parallelism_config, f"{SOURCE}(parallelism_config=)")
     options = args.fsdp_options
     if options is not None:
         settings["fsdp"] = Setting(True, f"{SOURCE}(fsdp={' '.join(args.fsdp)!r})")

@@ -440,7 +440,8 @@ class Trainer:
             self._count_tokens(leftover["tokens"])
         if args.load_best_model_at_end:
             self.checkpoint_manager.load_best_model()
-        global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * self.accelerator.num_processes
+        data_parallel = self.accelerator.strategy.data_parallel_size  # a tensor-parallel group reads one batch
+        global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * data_parallel
         metrics = speed_metrics("train", start, num_samples=steps_run * global_batch, num_steps=steps_run)
         metrics.update(total_flos=state.total_flos, train_loss=self.meter.train_loss)
         self.log(metrics)
