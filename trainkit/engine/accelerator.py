@@ -30,6 +30,7 @@ from trainkit.engine.api.attributes import AccelerateAttributes, refuse_parallel
 from trainkit.engine.step.compile import compile_model
 from trainkit.engine.step.unwrapping import extract_model
 from trainkit.engine.api.configuration import announce, resolve_for_accelerator
+from trainkit.engine.parallel.pretrained import check_run_matches, sharded_by_transformers
 from trainkit.engine.parallel.selection import needs_nd_strategy, parallel_dims_for
 from trainkit.engine.strategies.deepspeed import (
     DummyOptim,
@@ -358,6 +359,10 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             # Instance attributes shadow the class's forward; setattr because nn.Module types attributes as tensors.
             setattr(model, "_trainkit_original_forward", model.forward)
             setattr(model, "forward", self.precision.wrap_forward(model.forward))
+        if sharded_by_transformers(model):  # from_pretrained(distributed_config=...) placed and sharded it already
+            check_run_matches(model, self.strategy.data_parallel_size, self.num_processes)
+            self._models.append(model)
+            return model
         if not evaluation_mode:
             compile_model(model, self.dynamo_plugin)  # in place, before sharding or wrapping
         wrapped = model.to(self.device) if evaluation_mode else self.strategy.wrap_model(model)

@@ -12,10 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from trainkit.config.dynamo import TorchDynamoPlugin
-from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, resolve_engine_config
+from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, parse_parallelism, resolve_engine_config
+from trainkit.config.errors import ConfigError
 from trainkit.config.fsdp import FSDPOptions
 
 from trainkit.engine.api.configuration import deepspeed_plugin_settings, dynamo_from_arguments
+from trainkit.engine.parallel.pretrained import transformers_layout
 
 from .arguments import TrainingArguments
 
@@ -23,7 +25,8 @@ SOURCE = "TrainingArguments"
 _LAUNCHER_FILLED = "_trainkit_launcher_filled"  # fields the Trainer copied from the launcher into the arguments
 
 
-def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any = None) -> dict[str, Setting]:
+def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any = None,
+                                model: Any = None) -> dict[str, Setting]:
     """The engine settings ``args`` sets (see the module docstring for what "set" means).
 
     ``deepspeed_plugin`` is ``args.deepspeed`` already translated for the Trainer (trainer/deepspeed.py).
@@ -44,8 +47,16 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
         settings["use_cpu"] = Setting(True, f"{SOURCE}(use_cpu=True)")
     if args.ddp_timeout_if_set is not None:  # 1800 (transformers' default) counts as not set
         settings["collective_timeout"] = Setting(float(args.ddp_timeout), f"{SOURCE}(ddp_timeout=)")
+    layout = transformers_layout(model)  # a model from_pretrained(distributed_config=...) already sharded
     if args.parallelism_config is not None:
         settings["parallelism"] = Setting(args.parallelism_config, f"{SOURCE}(parallelism_config=)")
+        given = parse_parallelism(args.parallelism_config, SOURCE)
+        if layout is not None and given is not None and given.degrees() != layout.degrees():
+            raise ConfigError(f"parallelism_config in {SOURCE} ({given.degrees()}) differs from the layout the model "
+                              f"was loaded with ({layout.degrees()}, its distributed_config); leave parallelism_config "
+                              "unset to follow the model.")
+    elif layout is not None:
+        settings["parallelism"] = Setting(layout, "the model's distributed_config (from_pretrained)")
     options = args.fsdp_options
     if options is not None:
         settings["fsdp"] = Setting(True, f"{SOURCE}(fsdp={' '.join(args.fsdp)!r})")
@@ -59,14 +70,14 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
     return settings
 
 
-def resolve_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None) -> EngineConfig:
+def resolve_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None, model: Any = None) -> EngineConfig:
     """Resolve the engine's configuration for a Trainer, then give the arguments the launcher's accumulation.
 
     The Trainer runs its own accumulation windows from ``args.gradient_accumulation_steps``, so a value that
     came from the launcher is written there (and remembered as the launcher's, so a second Trainer on the
     same arguments still sees it as not set by the script).
     """
-    config = resolve_engine_config(training_arguments_settings(args, deepspeed_plugin))
+    config = resolve_engine_config(training_arguments_settings(args, deepspeed_plugin, model))
     steps = config.gradient_accumulation_steps
     if steps != args.gradient_accumulation_steps:
         args.gradient_accumulation_steps = steps

@@ -76,6 +76,7 @@ class Trainer:
         self.is_in_train = False
         self._memory_tracker = wiring.memory_tracker(self.args)
         self._memory_tracker.start()  # named by its caller (__init__, train, evaluate): transformers' stages
+        self._loaded_model = model  # read by create_accelerator: a model transformers sharded sets the layout
         self.accelerator = self.create_accelerator()
         self._configure_logging()
         self.hub = None
@@ -129,7 +130,8 @@ class Trainer:
 
             self._deepspeed = deepspeed_for_trainer(args)
         # The arguments the script set > the launcher's flags and file > defaults (trainkit.config.engine).
-        config = resolve_for_trainer(args, deepspeed_plugin=self._deepspeed.plugin if self._deepspeed else None)
+        config = resolve_for_trainer(args, deepspeed_plugin=self._deepspeed.plugin if self._deepspeed else None,
+                                     model=getattr(self, "_loaded_model", None))
         return Accelerator(
             # The Trainer opens explicit windows in the engine (open_accumulation_window), so the engine's own
             # implicit windows stay one micro-batch long.
