@@ -1,7 +1,7 @@
 """TP2 x FSDP2 through the public entry points, and its checkpoint in other layouts (CPU, gloo, 4 processes).
 
-Three runs of tests/engine/workers/nd_launched.py: ``trainkit launch --config_file`` with a ``parallelism_config:``
-block (TP2 x FSDP2: ``Accelerator()`` loop saving a checkpoint after 2 of 4 steps, then a ``Trainer`` with
+Three runs of tests/engine/workers/nd_launched.py: ``trainkit launch --config_file`` with an FSDP2 config writing
+sharded (DCP) checkpoints and a ``parallelism_config:`` block (TP2 x FSDP2: ``Accelerator()`` loop saving a checkpoint after 2 of 4 steps, then a ``Trainer`` with
 ``TrainingArguments(parallelism_config=...)``); one plain process (the references, then the checkpoint resumed on
 one process); 4 processes with ParallelismConfig(dp_shard_size=4) resuming the checkpoint under FSDP4.
 Tiny untied Llama, fp32, accumulation 2, clipping 1.0, AdamW.
@@ -20,9 +20,12 @@ from tests.distributed import REPO, run_python, run_torchrun, worker_env
 WORKER = Path(__file__).parent / "workers" / "nd_launched.py"
 RELATIVE = 1e-5
 CONFIG = """compute_environment: LOCAL_MACHINE
-distributed_type: MULTI_CPU
+distributed_type: FSDP
 num_processes: 4
 gradient_accumulation_steps: 2
+fsdp_config:
+  fsdp_version: 2
+  fsdp_state_dict_type: SHARDED_STATE_DICT
 parallelism_config:
   parallelism_config_dp_shard_size: 2
   parallelism_config_tp_size: 2
@@ -41,7 +44,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert launched.returncode == 0, launched.stdout[-4000:] + launched.stderr[-6000:]
     run_python(WORKER, "single", str(out), timeout=300)
     run_torchrun(WORKER, "fsdp4", str(out), nproc=4, timeout=300)
-    return {mode: torch.load(out / f"{mode}.pt", weights_only=False) for mode in ("launched", "single", "fsdp4")}
+    merged = subprocess.run([sys.executable, "-m", "trainkit.cli.main", "merge-weights",
+                             str(out / "tp2_fsdp2_checkpoint"), str(out / "merged")],
+                            capture_output=True, text=True, timeout=300, env=worker_env(), cwd=REPO)
+    assert merged.returncode == 0, merged.stderr[-4000:]
+    runs = {mode: torch.load(out / f"{mode}.pt", weights_only=False) for mode in ("launched", "single", "fsdp4")}
+    return {**runs, "out": out}
 
 
 def _relative(values: list[float], reference: list[float]) -> float:
@@ -77,3 +85,17 @@ def test_tp_fsdp_checkpoint_continues_the_run_in_another_layout(runs: dict, wher
     assert _relative(resumed["norms"], uninterrupted["norms"][2:]) < RELATIVE
     _same_parameters(resumed["params"], uninterrupted["params"])
     _same_parameters(resumed["params"], runs["launched"]["accelerator"]["params"])
+
+
+def test_checkpoint_is_sharded_and_merges_into_one_safetensors_file(runs: dict) -> None:
+    """The TP2 x FSDP2 checkpoint holds DCP shards; ``trainkit merge-weights`` writes one safetensors file with the
+    full weights, equal to what one process loaded from the same checkpoint."""
+    from safetensors.torch import load_file
+
+    checkpoint = runs["out"] / "tp2_fsdp2_checkpoint"
+    assert not (checkpoint / "model.safetensors").exists() and any(checkpoint.rglob("*.distcp"))
+    merged = load_file(runs["out"] / "merged" / "model.safetensors")
+    loaded = runs["single"]["resumed"]["loaded"]
+    assert sorted(merged) == sorted(loaded)
+    for name, expected in loaded.items():
+        torch.testing.assert_close(merged[name], expected, rtol=0, atol=0)

@@ -2,7 +2,7 @@
 
 Modes (argv[1]):
 * ``launched OUT``: started by ``trainkit launch --config_file`` whose ``parallelism_config:`` block says
-  TP2 x FSDP2 (and gradient_accumulation_steps 2). ``Accelerator()`` (no arguments) trains the tiny Llama of nd_parallel.py, saving its state after
+  TP2 x FSDP2 (with FSDP options: sharded DCP checkpoints; gradient_accumulation_steps 2). ``Accelerator()`` (no arguments) trains the tiny Llama of nd_parallel.py, saving its state after
   SAVE_AT optimizer steps; then a ``Trainer`` with ``TrainingArguments(parallelism_config=...)`` trains it.
 * ``single OUT``: one plain process: the same Accelerator loop (no checkpoint) and the same Trainer without a
   ParallelismConfig (the references), then the TP2 x FSDP2 checkpoint resumed on this one process.
@@ -34,8 +34,10 @@ def accelerator_run(accelerator: Accelerator, out: Path | None, *, resume: Path 
     per_rank = GLOBAL // accelerator.strategy.data_parallel_size
     loader = DataLoader(dataset(GLOBAL * ACCUMULATION * STEPS), batch_size=per_rank)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    loaded = None
     if resume is not None:
         accelerator.load_state(str(resume))
+        loaded = {name: tensor.clone() for name, tensor in accelerator.get_state_dict(model).items()}  # not views
     first = SAVE_AT if resume is not None else 0
     if first:
         loader = accelerator.skip_first_batches(loader, first * ACCUMULATION)
@@ -51,7 +53,7 @@ def accelerator_run(accelerator: Accelerator, out: Path | None, *, resume: Path 
         losses.append(float(accelerator.reduce(loss.detach(), "mean")))
         if out is not None and (index + 1) == SAVE_AT * ACCUMULATION:
             accelerator.save_state(str(out / "tp2_fsdp2_checkpoint"))
-    return {"losses": losses, "norms": norms, "params": accelerator.get_state_dict(model),
+    return {"losses": losses, "norms": norms, "params": accelerator.get_state_dict(model), "loaded": loaded,
             "layout": accelerator.parallel_dims.describe() if accelerator.parallel_dims else "one process"}
 
 
