@@ -38,7 +38,7 @@ from trainkit.engine.strategies.fsdp import pretrained_loading
 from trainkit.engine.strategies.fsdp import rank0_weights
 from trainkit.engine.strategies.fsdp import sharding
 from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
-from trainkit.engine.precision.amp import Precision
+from trainkit.engine.precision.base import Precision
 from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
