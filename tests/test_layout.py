@@ -23,6 +23,7 @@ ENGINE_FOLDERS = {
     "data": "dataloaders: sharding, resumable positions, streams",
     "checkpoint": "save_state/load_state: atomic folders, storage, model and optimizer state, RNG",
     "tracking": "experiment trackers: the GeneralTracker contract, one file per tracker, the registry",
+    "parallel": "N-D parallelism: the degrees' device mesh (ParallelDims), tensor-parallel plans, pretrained sharding",
 }
 """Every sub-folder of ``trainkit/engine`` and what it holds (docs/architecture.md has the same map)."""
 

@@ -140,7 +140,7 @@ PROOFS: dict[str, Any] = {
     "dynamo_plugin": p_dynamo, "deepspeed_plugin": "engine/strategies/test_deepspeed_processes.py::test_each_stage_trains_like_ddp",
     "megatron_lm_plugin": p_megatron, "gradient_accumulation_plugin": p_accumulation, "rng_types": p_rng_types,
     "engine_config": p_engine_config, "torch_tp_plugin": p_tp_plugin,
-    "parallelism_config": "engine/test_nd_parallel_processes.py::test_layout_trains_as_one_process",
+    "parallelism_config": "engine/strategies/test_nd_parallel_processes.py::test_layout_trains_as_one_process",
     "deepspeed_plugins": p_parallelism,
 }
 

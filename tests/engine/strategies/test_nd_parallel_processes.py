@@ -7,14 +7,12 @@ one-process torch loop on rank 0. Device: CPU with gloo, whatever the machine ha
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.distributed import run_torchrun
+from tests.distributed import ENGINE_WORKERS, run_torchrun
 
-WORKER = Path(__file__).parent / "workers" / "nd_parallel.py"
+WORKER = ENGINE_WORKERS / "nd_parallel.py"
 LAYOUTS = ("tp2_fsdp2", "tp2_ddp2", "hsdp2x2")
 TIES = ("untied", "tied")
 RELATIVE = 1e-5

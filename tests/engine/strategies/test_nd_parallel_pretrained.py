@@ -4,14 +4,12 @@ CPU, gloo, 4 processes (tests/engine/workers/nd_pretrained.py) and one plain pro
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.distributed import run_python, run_torchrun
+from tests.distributed import ENGINE_WORKERS, run_python, run_torchrun
 
-WORKER = Path(__file__).parent / "workers" / "nd_pretrained.py"
+WORKER = ENGINE_WORKERS / "nd_pretrained.py"
 RELATIVE = 1e-5
 
 

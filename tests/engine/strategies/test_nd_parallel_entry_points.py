@@ -10,14 +10,13 @@ Tiny untied Llama, fp32, accumulation 2, clipping 1.0, AdamW.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.distributed import REPO, run_python, run_torchrun, worker_env
+from tests.distributed import ENGINE_WORKERS, REPO, run_python, run_torchrun, worker_env
 
-WORKER = Path(__file__).parent / "workers" / "nd_launched.py"
+WORKER = ENGINE_WORKERS / "nd_launched.py"
 RELATIVE = 1e-5
 CONFIG = """compute_environment: LOCAL_MACHINE
 distributed_type: FSDP
