@@ -391,7 +391,9 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             scheduler = deepspeed_scheduler(self.deepspeed, scheduler, self._optimizers)
         optimizers = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer
                       or getattr(opt, "placeholder", None) is scheduler.optimizer] or self._optimizers
-        steps = 1 if self.split_batches or built else self.num_processes
+        # One step per data-parallel rank, as Accelerate steps once per process: schedules are written for one
+        # process's batch, and the global batch is that many times larger (tensor-parallel ranks share one batch).
+        steps = 1 if self.split_batches or built else self.strategy.data_parallel_size
         prepared = PreparedScheduler(scheduler, optimizers, gradient_state=self.gradient_state, steps_per_call=steps,
                                      step_with_optimizer=self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)

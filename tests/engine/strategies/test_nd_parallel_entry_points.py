@@ -3,7 +3,7 @@
 Three runs of tests/engine/workers/nd_launched.py: ``trainkit launch --config_file`` with an FSDP2 config writing
 sharded (DCP) checkpoints and a ``parallelism_config:`` block (TP2 x FSDP2: ``Accelerator()`` loop saving a checkpoint after 2 of 4 steps, then a ``Trainer`` with
 ``TrainingArguments(parallelism_config=...)``); one plain process (the references, then the checkpoint resumed on
-one process); 4 processes with ParallelismConfig(dp_shard_size=4) resuming the checkpoint under FSDP4.
+one process); 4 processes resuming it under FSDP4 and DDP, and FSDP4's checkpoint back under TP2 x FSDP2.
 Tiny untied Llama, fp32, accumulation 2, clipping 1.0, AdamW.
 """
 
@@ -98,3 +98,17 @@ def test_checkpoint_is_sharded_and_merges_into_one_safetensors_file(runs: dict) 
     assert sorted(merged) == sorted(loaded)
     for name, expected in loaded.items():
         torch.testing.assert_close(merged[name], expected, rtol=0, atol=0)
+
+
+def test_back_and_forth_between_layouts(runs: dict) -> None:
+    """The TP2 x FSDP2 checkpoint resumed under plain DDP continues the run; FSDP4's own sharded checkpoint (after
+    3 steps) resumed back under TP2 x FSDP2 continues it too (the last step's losses, norm, final parameters)."""
+    uninterrupted = runs["single"]["accelerator"]
+    ddp, back = runs["fsdp4"]["resumed_ddp"], runs["fsdp4"]["back_to_tp"]
+    assert ddp["distributed_type"] == "MULTI_CPU" and back["layout"] == "dp_replicate=1 x dp_shard=2 x tp=2 (TP x FSDP)"
+    assert _relative(ddp["losses"], uninterrupted["losses"][4:]) < RELATIVE
+    assert _relative(ddp["norms"], uninterrupted["norms"][2:]) < RELATIVE
+    assert _relative(back["losses"], uninterrupted["losses"][6:]) < RELATIVE
+    assert _relative(back["norms"], uninterrupted["norms"][3:]) < RELATIVE
+    for run in (ddp, back):
+        _same_parameters(run["params"], uninterrupted["params"])

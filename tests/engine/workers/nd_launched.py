@@ -6,7 +6,8 @@ Modes (argv[1]):
   SAVE_AT optimizer steps; then a ``Trainer`` with ``TrainingArguments(parallelism_config=...)`` trains it.
 * ``single OUT``: one plain process: the same Accelerator loop (no checkpoint) and the same Trainer without a
   ParallelismConfig (the references), then the TP2 x FSDP2 checkpoint resumed on this one process.
-* ``fsdp4 OUT``: 4 processes with ParallelismConfig(dp_shard_size=4): the checkpoint resumed under FSDP4.
+* ``fsdp4 OUT``: 4 processes: the checkpoint resumed under FSDP4 (which saves its own sharded checkpoint one
+  step later), under plain DDP, and the FSDP4 checkpoint resumed back under TP2 x FSDP2.
 Each writes ``OUT/<mode>.pt`` on its main process.
 """
 
@@ -27,22 +28,24 @@ SAVE_AT = 2
 TP2_FSDP2 = dict(dp_shard_size=2, tp_size=2)
 
 
-def accelerator_run(accelerator: Accelerator, out: Path | None, *, resume: Path | None = None) -> dict:
-    """Train STEPS optimizer steps (from SAVE_AT when resuming ``resume``); save after SAVE_AT into ``out``."""
+def accelerator_run(accelerator: Accelerator, save_to: Path | None, *, resume: Path | None = None,
+                    resumed_at: int = SAVE_AT, save_after: int = SAVE_AT) -> dict:
+    """Train up to STEPS optimizer steps (from ``resumed_at`` when resuming ``resume``); with ``save_to``, save
+    there after ``save_after`` steps."""
     model = build_model(tied=False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     per_rank = GLOBAL // accelerator.strategy.data_parallel_size
     loader = DataLoader(dataset(GLOBAL * ACCUMULATION * STEPS), batch_size=per_rank)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     loaded = None
+    first = 0
     if resume is not None:
         accelerator.load_state(str(resume))
         loaded = {name: tensor.clone() for name, tensor in accelerator.get_state_dict(model).items()}  # not views
-    first = SAVE_AT if resume is not None else 0
-    if first:
+        first = resumed_at
         loader = accelerator.skip_first_batches(loader, first * ACCUMULATION)
     losses, norms = [], []
-    for index, (ids,) in enumerate(loader):
+    for index, (ids,) in enumerate(loader, start=first * ACCUMULATION):
         with accelerator.accumulate(model):
             loss = model(input_ids=ids, labels=ids).loss
             accelerator.backward(loss)
@@ -51,10 +54,11 @@ def accelerator_run(accelerator: Accelerator, out: Path | None, *, resume: Path 
             optimizer.step()
             optimizer.zero_grad()
         losses.append(float(accelerator.reduce(loss.detach(), "mean")))
-        if out is not None and (index + 1) == SAVE_AT * ACCUMULATION:
-            accelerator.save_state(str(out / "tp2_fsdp2_checkpoint"))
+        if save_to is not None and (index + 1) == save_after * ACCUMULATION:
+            accelerator.save_state(str(save_to))
     return {"losses": losses, "norms": norms, "params": accelerator.get_state_dict(model), "loaded": loaded,
-            "layout": accelerator.parallel_dims.describe() if accelerator.parallel_dims else "one process"}
+            "layout": accelerator.parallel_dims.describe() if accelerator.parallel_dims else "one process",
+            "distributed_type": accelerator.distributed_type.value}
 
 
 class Samples(Dataset):
@@ -89,7 +93,7 @@ def trainer_run(out: Path, parallelism: ParallelismConfig | None, data_parallel:
 def main(mode: str, out: Path) -> None:
     results: dict = {}
     if mode == "launched":
-        results["accelerator"] = accelerator_run(Accelerator(), out)
+        results["accelerator"] = accelerator_run(Accelerator(), out / "tp2_fsdp2_checkpoint")
         results["trainer"] = trainer_run(out, ParallelismConfig(**TP2_FSDP2), data_parallel=2)
     elif mode == "single":
         results["accelerator"] = accelerator_run(Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION), None)
@@ -97,9 +101,17 @@ def main(mode: str, out: Path) -> None:
         results["resumed"] = accelerator_run(Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION), None,
                                              resume=out / "tp2_fsdp2_checkpoint")
     elif mode == "fsdp4":
-        accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=4),
+        from trainkit import FullyShardedDataParallelPlugin
+
+        sharded = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT")
+        accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=4), fsdp_plugin=sharded,
                                   gradient_accumulation_steps=ACCUMULATION)
-        results["resumed"] = accelerator_run(accelerator, None, resume=out / "tp2_fsdp2_checkpoint")
+        results["resumed"] = accelerator_run(accelerator, out / "fsdp4_checkpoint", resume=out / "tp2_fsdp2_checkpoint",
+                                             save_after=SAVE_AT + 1)
+        ddp = Accelerator(gradient_accumulation_steps=ACCUMULATION)  # plain DDP over the 4 processes
+        results["resumed_ddp"] = accelerator_run(ddp, None, resume=out / "tp2_fsdp2_checkpoint")
+        back = Accelerator(parallelism_config=ParallelismConfig(**TP2_FSDP2), gradient_accumulation_steps=ACCUMULATION)
+        results["back_to_tp"] = accelerator_run(back, None, resume=out / "fsdp4_checkpoint", resumed_at=SAVE_AT + 1)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     if Accelerator().is_main_process:
