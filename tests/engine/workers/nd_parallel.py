@@ -2,7 +2,7 @@
 
 Each layout (TP2 x FSDP2, TP2 x DDP2, HSDP 2x2) trains a tiny Llama (tied and untied embeddings, fp32) for
 STEPS optimizer steps with accumulation 2 and clipping 1.0 on a prepared DataLoader (global batch GLOBAL), then
-evaluates with ``gather_for_metrics``. Rank 0 runs the reference: the same model, data and optimizer in one
+evaluates with ``gather_for_metrics``; TP2 x FSDP2 and HSDP 2x2 also train in bf16. Rank 0 runs the reference: the same model, data and optimizer in one
 process with plain torch, no trainkit. Everything is written to ``<out>/results.pt`` for the test to compare.
 """
 
@@ -65,8 +65,9 @@ def reference(tied: bool) -> dict:
             "eval": evaluated}
 
 
-def distributed(layout: dict, tied: bool) -> dict:
-    accelerator = Accelerator(parallelism_config=ParallelismConfig(**layout), gradient_accumulation_steps=ACCUMULATION)
+def distributed(layout: dict, tied: bool, mixed_precision: str = "no") -> dict:
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(**layout), gradient_accumulation_steps=ACCUMULATION,
+                              mixed_precision=mixed_precision)
     dims = accelerator.parallel_dims
     model = build_model(tied)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -104,6 +105,8 @@ def main(out: Path) -> None:
         if accelerator.is_main_process:
             results[f"reference/{name}"] = reference(tied)
         accelerator.wait_for_everyone()
+    for layout_name in ("tp2_fsdp2", "hsdp2x2"):  # bf16: FSDP2's policy plus autocast, with and without TP
+        results[f"{layout_name}/bf16"] = distributed(LAYOUTS[layout_name], tied=False, mixed_precision="bf16")
     if Accelerator().is_main_process:
         torch.save(results, out / "results.pt")
 
