@@ -114,3 +114,49 @@ def test_accelerates_object_is_read_by_its_fields() -> None:
 
     parsed = parse_parallelism(Accelerates(dp_shard_size=2, tp_size=2), "Accelerator(parallelism_config=)")
     assert isinstance(parsed, ParallelismConfig) and (parsed.dp_shard_size, parsed.tp_size) == (2, 2)
+
+
+def test_launch_yaml_block_and_flags_resolve_to_one_checked_block() -> None:
+    """The launch config reads Accelerate's block, merges flags over the file key by key, checks the product against
+    num_processes before anything starts, and writes the block back in Accelerate's spelling."""
+    import argparse
+
+    from accelerate.commands.launch import launch_command_parser
+
+    from trainkit.cli.config_flags import add_config_flags, flags_to_mapping
+    from trainkit.config.launch import LaunchConfig
+
+    block = {"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": 2}
+    config = LaunchConfig.from_mapping({"num_processes": 4, "parallelism_config": block}, cuda_available=False)
+    assert config.parallelism() == ParallelismConfig(dp_shard_size=2, tp_size=2)
+    assert config.to_dict()["parallelism_config"]["parallelism_config_tp_size"] == 2
+    assert LaunchConfig.from_mapping(config.to_dict(), cuda_available=False).parallelism() == config.parallelism()
+    with pytest.raises(ConfigError, match="= 4 processes, but the run has 2"):
+        LaunchConfig.from_mapping({"num_processes": 2, "parallelism_config": block}, cuda_available=False)
+    assert LaunchConfig.from_mapping({"num_processes": 2, "parallelism_config": {}}, cuda_available=False).parallelism() is None
+
+    ours = argparse.ArgumentParser()
+    add_config_flags(ours)
+    theirs = {action.dest for action in launch_command_parser()._actions if "parallelism_config" in action.dest}
+    assert theirs <= {action.dest for action in ours._actions}  # every Accelerate flag of the group exists
+    args = ours.parse_args(["--use_parallelism_config", "--parallelism_config_dp_shard_size", "-1",
+                            "--parallelism_config_tp_size", "2"])
+    layers = [({"num_processes": 8, "parallelism_config": {"parallelism_config_dp_shard_size": 4}}, "file.yaml"),
+              (flags_to_mapping(args), "flag")]
+    resolved = LaunchConfig.resolve(layers, cuda_available=False).parallelism()
+    assert resolved is not None and (resolved.dp_shard_size, resolved.tp_size) == (-1, 2)
+    assert resolved.resolved(8).degrees() == {"dp_replicate": 1, "dp_shard": 4, "tp": 2}
+
+
+def test_the_scripts_config_wins_over_the_launchers_with_one_notice() -> None:
+    from trainkit.config.engine import Setting, resolve_engine_config
+    from trainkit.config.launch import LaunchConfig
+
+    launch = LaunchConfig.resolve([({"num_processes": 4, "parallelism_config": {"parallelism_config_dp_shard_size": 4}},
+                                    "cfg.yaml")], cuda_available=False)
+    from_launcher = resolve_engine_config({}, launch=launch)
+    assert from_launcher.parallelism == ParallelismConfig(dp_shard_size=4)
+    assert from_launcher.source_of("parallelism") == "launcher config cfg.yaml"
+    explicit = ParallelismConfig(dp_shard_size=2, tp_size=2)
+    config = resolve_engine_config({"parallelism": Setting(explicit, "Accelerator(parallelism_config=)")}, launch=launch)
+    assert config.parallelism == explicit and len(config.notices) == 1 and "parallelism" in config.notices[0]
