@@ -362,11 +362,10 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             setattr(model, "forward", self.precision.wrap_forward(model.forward))
         if sharded_by_transformers(model):  # from_pretrained(distributed_config=...) placed and sharded it already
             check_run_matches(model, self.strategy.data_parallel_size, self.num_processes)
-            self._models.append(model)
-            return model
-        if not evaluation_mode:
+        elif not evaluation_mode:
             compile_model(model, self.dynamo_plugin)  # in place, before sharding or wrapping
-        wrapped = model.to(self.device) if evaluation_mode else self.strategy.wrap_model(model)
+        wrapped = model if sharded_by_transformers(model) else model.to(self.device) if evaluation_mode else \
+            self.strategy.wrap_model(model)
         self._models.append(wrapped)
         return wrapped
 
@@ -391,8 +390,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             scheduler = deepspeed_scheduler(self.deepspeed, scheduler, self._optimizers)
         optimizers = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer
                       or getattr(opt, "placeholder", None) is scheduler.optimizer] or self._optimizers
-        # One step per data-parallel rank, as Accelerate steps once per process: schedules are written for one
-        # process's batch, and the global batch is that many times larger (tensor-parallel ranks share one batch).
+        # once per data-parallel rank (Accelerate: per process): a tensor-parallel group reads one batch
         steps = 1 if self.split_batches or built else self.strategy.data_parallel_size
         prepared = PreparedScheduler(scheduler, optimizers, gradient_state=self.gradient_state, steps_per_call=steps,
                                      step_with_optimizer=self.step_scheduler_with_optimizer)
