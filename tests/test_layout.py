@@ -18,11 +18,13 @@ ENGINE_FOLDERS = {
     "api": "the Accelerate API pieces the facade is made of (identity, trackers, prepared objects, options)",
     "process": "process state, devices, collectives, control, launchers, preemption",
     "precision": "mixed precision: the Precision contract, its implementations, the mode registry",
+    "parallel": "N-D parallelism: the device mesh of ParallelismConfig's degrees, TP plans, transformers-sharded models",
     "strategies": "parallelism strategies, their contract and registry; fsdp/ holds everything FSDP",
     "step": "one optimizer step: accumulation, optimizer/scheduler wrappers, compile, unwrapping",
     "data": "dataloaders: sharding, resumable positions, streams",
     "checkpoint": "save_state/load_state: atomic folders, storage, model and optimizer state, RNG",
     "tracking": "experiment trackers: the GeneralTracker contract, one file per tracker, the registry",
+    "parallel": "N-D parallelism: the degrees' device mesh (ParallelDims), tensor-parallel plans, pretrained sharding",
 }
 """Every sub-folder of ``trainkit/engine`` and what it holds (docs/architecture.md has the same map)."""
 

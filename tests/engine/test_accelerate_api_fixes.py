@@ -194,10 +194,21 @@ def test_accelerator_attributes_under_accelerates_names():
         _ = accelerator.data_parallel_rank
 
 
-@pytest.mark.parametrize("argument", ["torch_tp_plugin", "parallelism_config", "deepspeed_plugins"])
-def test_parallelism_arguments_trainkit_does_not_drive_are_refused(argument):
-    with pytest.raises(NotImplementedError, match=argument):
-        Accelerator(cpu=True, **{argument: object()})
+def test_parallelism_arguments_trainkit_does_not_drive_are_refused():
+    with pytest.raises(NotImplementedError, match="deepspeed_plugins"):
+        Accelerator(cpu=True, deepspeed_plugins=object())
+    with pytest.raises(ValueError, match="parallelism_config must be a ParallelismConfig"):
+        Accelerator(cpu=True, parallelism_config=object())
+
+
+def test_parallelism_config_on_one_process():
+    """CPU, one process: every degree 1, ranks 0, no mesh (Accelerate builds none either)."""
+    from trainkit import ParallelismConfig
+
+    accelerator = Accelerator(cpu=True, parallelism_config=ParallelismConfig())
+    assert accelerator.parallelism_config.total_size == 1 and accelerator.torch_device_mesh is None
+    assert accelerator.data_parallel_rank == accelerator.data_parallel_shard_rank == accelerator.tensor_parallel_rank == 0
+    assert accelerator.distributed_type.value == "NO"
 
 
 def test_state_module_helpers():

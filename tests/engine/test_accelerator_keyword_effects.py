@@ -11,6 +11,7 @@ import inspect
 import logging
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -95,11 +96,19 @@ def p_dynamo(tmp_path):
 
 
 def p_parallelism(tmp_path):
-    """torch_tp_plugin, parallelism_config and deepspeed_plugins: refused by name, with the reason."""
-    for keyword, words in (("torch_tp_plugin", "torch_tp_plugin"), ("parallelism_config", "parallelism_config"),
-                           ("deepspeed_plugins", "one DeepSpeed config")):
-        with pytest.raises(NotImplementedError, match=words):
-            Accelerator(cpu=True, **{keyword: object()})
+    """deepspeed_plugins: refused by name, with the reason."""
+    with pytest.raises(NotImplementedError, match="one DeepSpeed config"):
+        Accelerator(cpu=True, deepspeed_plugins=object())
+
+
+def p_tp_plugin(tmp_path):
+    """torch_tp_plugin stands for ParallelismConfig(tp_size=...) (deprecated, as in Accelerate): a FutureWarning,
+    then the degrees are checked against the world (1 process here)."""
+    with pytest.warns(FutureWarning, match="parallelism_config=ParallelismConfig"):
+        accelerator = Accelerator(cpu=True, torch_tp_plugin=SimpleNamespace(tp_size=1))
+    assert accelerator.parallelism_config.tp_size == 1 and accelerator.tensor_parallel_rank == 0
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="tp_size=2 = 2 processes, but the run has 1"):
+        Accelerator(cpu=True, torch_tp_plugin=SimpleNamespace(tp_size=2))
 
 
 def p_megatron(tmp_path):
@@ -130,7 +139,8 @@ PROOFS: dict[str, Any] = {
     "split_batches": p_dataloader_config, "even_batches": p_dataloader_config, "dynamo_backend": p_dynamo,
     "dynamo_plugin": p_dynamo, "deepspeed_plugin": "engine/strategies/test_deepspeed_processes.py::test_each_stage_trains_like_ddp",
     "megatron_lm_plugin": p_megatron, "gradient_accumulation_plugin": p_accumulation, "rng_types": p_rng_types,
-    "engine_config": p_engine_config, "torch_tp_plugin": p_parallelism, "parallelism_config": p_parallelism,
+    "engine_config": p_engine_config, "torch_tp_plugin": p_tp_plugin,
+    "parallelism_config": "engine/strategies/test_nd_parallel_processes.py::test_layout_trains_as_one_process",
     "deepspeed_plugins": p_parallelism,
 }
 

@@ -465,7 +465,7 @@ PROOFS: dict[str, Any] = {
     "data_seed": p_data_seed, "use_cpu": p_use_cpu,
     "local_rank": Warns(dict(local_rank=3), "local_rank=3 in TrainingArguments has no effect"),
     "accelerator_config": Elsewhere("trainer/test_argument_fields.py::test_engine_options_from_ddp_fields_and_accelerator_config"),
-    "parallelism_config": Elsewhere("trainer/test_argument_fields.py::test_each_field_constructs_or_names_what_it_needs"),
+    "parallelism_config": Elsewhere("engine/strategies/test_nd_parallel_entry_points.py::test_launch_config_and_training_arguments_train_as_one_process"),
     "ddp_find_unused_parameters": Elsewhere("trainer/test_argument_wiring.py::test_ddp_fields_reach_ddp_and_the_process_group"),
     "ddp_bucket_cap_mb": Elsewhere("trainer/test_argument_wiring.py::test_ddp_fields_reach_ddp_and_the_process_group"),
     "ddp_broadcast_buffers": Elsewhere("trainer/test_argument_wiring.py::test_ddp_fields_reach_ddp_and_the_process_group"),

@@ -19,6 +19,8 @@ from trainkit.config import (
     default_config_path,
     read_mapping_file,
 )
+from trainkit.config.parallelism import LAUNCH_KEYS as PARALLELISM_LAUNCH_KEYS
+from trainkit.config.parallelism import LAUNCH_PREFIX as PARALLELISM_PREFIX
 
 from trainkit.config.fsdp import ALIASES as FSDP_ALIASES
 
@@ -98,6 +100,12 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     dynamo = parser.add_argument_group("torch.compile")
     for name, text in _DYNAMO_FLAGS.items():
         dynamo.add_argument(f"--{name}", type=str, default=None, metavar="VALUE", help=text)
+    parallelism = parser.add_argument_group("ParallelismConfig (the launch config's parallelism_config: block)")
+    parallelism.add_argument("--use_parallelism_config", action="store_const", const=True, default=None,
+                             help="Accelerate's flag; accepted (the --parallelism_config_* sizes decide).")
+    for name in PARALLELISM_LAUNCH_KEYS:
+        parallelism.add_argument(f"--{PARALLELISM_PREFIX}{name}", type=str, default=None, metavar="VALUE",
+                                 help=_PARALLELISM_DOCS.get(name, "Accepted while cp_size and sp_size are 1."))
     fsdp = parser.add_argument_group("FSDP (each --fsdp_* flag implies --use_fsdp)")
     fsdp.add_argument("--use_fsdp", action="store_const", const=True, default=None, help="distributed_type FSDP.")
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
@@ -105,6 +113,17 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         # the script path in `--fsdp_offload_params train.py`. Values stay text: the config layer validates them.
         fsdp.add_argument(f"--fsdp_{name}", type=str, default=None, metavar="VALUE",
                           help=_fsdp_help(name))
+
+
+_PARALLELISM_DOCS = {
+    "dp_replicate_size": "Full model copies; gradients all-reduced across them (-1: the rest of the processes).",
+    "dp_shard_size": "Processes each copy is sharded across with FSDP2 (-1: the rest).",
+    "tp_size": "Processes each layer is split across (tensor parallel, by the model's TP plan).",
+    "cp_size": "Must be 1: context parallelism needs CUDA attention kernels.",
+    "sp_size": "Must be 1: sequence parallelism is DeepSpeed's Ulysses.",
+    "cp_backend": "torch (the only value).",
+    "sp_backend": "deepspeed (the only value).",
+}
 
 
 def _fsdp_help(name: str) -> str:
@@ -136,6 +155,10 @@ def flags_to_mapping(args: argparse.Namespace) -> dict[str, Any]:
     dynamo = {name: getattr(args, name) for name in _DYNAMO_FLAGS if getattr(args, name, None) is not None}
     if dynamo:
         mapping["dynamo_config"] = dynamo
+    parallelism = {PARALLELISM_PREFIX + name: getattr(args, PARALLELISM_PREFIX + name) for name in PARALLELISM_LAUNCH_KEYS
+                   if getattr(args, PARALLELISM_PREFIX + name, None) is not None}
+    if parallelism:
+        mapping["parallelism_config"] = parallelism
     fsdp_options = {}
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
         value = getattr(args, f"fsdp_{name}", None)

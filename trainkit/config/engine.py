@@ -30,9 +30,11 @@ from typing import Any
 
 from .deepspeed import DeepSpeedSettings, engine_values
 from .dynamo import TorchDynamoPlugin
+from .errors import ConfigError
 from .fsdp import FSDPOptions
 from .handoff import load_launch_config_from_env
 from .launch import DEFAULT_SOURCE, LaunchConfig
+from .parallelism import ParallelismConfig
 from .values import parse_mixed_precision, to_bool, to_int, to_positive_float
 
 logger = logging.getLogger("trainkit.config")
@@ -72,6 +74,9 @@ class EngineConfig:
     deepspeed: DeepSpeedSettings | None = None
     """A DeepSpeed config, translated (config/deepspeed.py): its ZeRO stage, precision and accumulation are
     already in the fields above; the rest (clipping, optimizer/scheduler blocks, batch sizes) is here."""
+    parallelism: ParallelismConfig | None = None
+    """The parallel degrees (data replicas x shards x tensor parallel) when a ParallelismConfig was given (the
+    script's, or the launcher's ``parallelism_config:`` block), else None. Not yet resolved against the world."""
     provenance: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
     """Where each value came from, keyed by field name and ``fsdp.<option>``."""
     notices: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -112,11 +117,13 @@ def _shown(name: str, value: Any) -> Any:
         return "off" if value is None else f"{value.backend} (regional: {value.use_regional_compilation})"
     if name == "deepspeed":
         return "off" if value is None else f"ZeRO stage {value.zero_stage}"
+    if name == "parallelism":
+        return "off" if value is None else ", ".join(f"{k}={v}" for k, v in value.to_dict().items() if v not in (1, None))
     return value
 
 
 _FIELDS = ("mixed_precision", "gradient_accumulation_steps", "use_cpu", "collective_timeout", "fsdp", "dynamo",
-           "deepspeed")
+           "deepspeed", "parallelism")
 _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "mixed_precision": parse_mixed_precision,
     "gradient_accumulation_steps": lambda value, where: to_int("gradient_accumulation_steps", value, where, minimum=1),
@@ -125,10 +132,24 @@ _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     # A layer may hand over its whole FSDPOptions as the value of "fsdp" ("on, with these"), see _fsdp_options.
     "fsdp": lambda value, where: True if isinstance(value, FSDPOptions) else to_bool("fsdp", value, where),
     "dynamo": lambda value, where: value if value is not None and value.enabled else None,
+    "parallelism": lambda value, where: parse_parallelism(value, where),
 }
 # EngineConfig key -> LaunchConfig key, for the keys the launcher hands over as they are.
 _LAUNCH_KEYS = {"mixed_precision": "mixed_precision", "gradient_accumulation_steps": "gradient_accumulation_steps",
                 "use_cpu": "use_cpu", "collective_timeout": "collective_timeout"}
+
+
+def parse_parallelism(value: Any, where: str) -> ParallelismConfig | None:
+    """A ParallelismConfig (Accelerate's object is read by its fields), a mapping of its fields, or None."""
+    if value is None or isinstance(value, ParallelismConfig):
+        return value
+    if isinstance(value, Mapping):
+        return ParallelismConfig.from_mapping(value, where)
+    fields = ParallelismConfig.__dataclass_fields__
+    if all(hasattr(value, name) for name in ("dp_replicate_size", "dp_shard_size", "tp_size")):
+        return ParallelismConfig(**{name: getattr(value, name) for name in fields if hasattr(value, name)})
+    raise ConfigError(f"{where}: parallelism_config must be a ParallelismConfig (trainkit.ParallelismConfig or "
+                      f"Accelerate's), got {type(value).__name__}.")
 
 
 def launcher_source(launch_source: str, key: str) -> str:
@@ -178,8 +199,16 @@ def _deepspeed_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     return {key: Setting(value, f"{source} (DeepSpeed)") for key, value in values.items()}
 
 
+def _parallelism_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    config = launch.parallelism()
+    if config is None:
+        return {}
+    return {"parallelism": Setting(config, launcher_source(launch.source_of("parallelism_config"), "parallelism_config"))}
+
+
 LAUNCHER_MAPPINGS: list[Callable[[LaunchConfig], dict[str, Setting]]] = [
-    _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings]
+    _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings,
+    _parallelism_launch_settings]
 """How the launcher's config becomes settings: one function per section (add DeepSpeed's here)."""
 
 

@@ -16,6 +16,7 @@ from .dynamo import TorchDynamoPlugin
 from .errors import ConfigError, check_choice, unknown_key_error
 from .fsdp import FSDPOptions, option_name
 from .machine import gpus_probably_present
+from .parallelism import ParallelismConfig
 from .preemption import DEFAULT_GRACE_PERIOD, DEFAULT_PREEMPTION_SIGNALS, parse_signal_names
 from .values import (
     COMPUTE_ENVIRONMENTS,
@@ -33,7 +34,7 @@ DEFAULT_SOURCE = "default"
 # nothing (empty, false, null) is absorbed silently; any other value is listed once in ``unused_keys``.
 UNUSED_ACCELERATE_KEYS = frozenset({
     "megatron_lm_config", "tp_config", "fp8_config", "ipex_config", "mpirun_config",
-    "parallelism_config", "enable_cpu_affinity", "tpu_name", "tpu_zone",
+    "enable_cpu_affinity", "tpu_name", "tpu_zone",
     "tpu_use_cluster", "tpu_use_sudo", "tpu_vm", "tpu_env", "command_file", "commands", "fp16",
 })
 # trainkit's own keys: written by ``to_dict()`` only when they differ from their defaults, so that a file
@@ -96,6 +97,9 @@ class LaunchConfig:
     dynamo_config: dict[str, Any] | None = None
     """torch.compile settings (``dynamo_backend``, ``dynamo_mode``, ``dynamo_use_fullgraph``,
     ``dynamo_use_dynamic``, ``dynamo_use_regional_compilation``); None compiles nothing."""
+    parallelism_config: dict[str, Any] | None = None
+    """Accelerate's ``parallelism_config:`` block (``parallelism_config_tp_size: 2``, ...): the run's data
+    replicas x FSDP shards x tensor-parallel degrees; their product is ``num_processes``. None or empty: none."""
     preemption_signals: str = DEFAULT_PREEMPTION_SIGNALS
     """Signals the launcher forwards to every worker and the workers answer by saving a checkpoint and
     stopping (comma-separated names; a YAML list works too). See docs/preemption.md."""
@@ -239,6 +243,27 @@ class LaunchConfig:
             plugin = TorchDynamoPlugin.from_config(self.dynamo_config, where=_where(self.provenance, "dynamo_config"))
             self.dynamo_config = plugin.to_config() if plugin.enabled else None
         self._validate_machines()
+        self._finish_parallelism()
+
+    def _finish_parallelism(self) -> None:
+        """Check the ``parallelism_config:`` block now (keys, values, product = num_processes), in the launcher."""
+        block = self.parallelism_config
+        if block is not None and not isinstance(block, Mapping):
+            raise ConfigError(f"'parallelism_config' in {_where(self.provenance, 'parallelism_config')} must be a "
+                              f"mapping of parallelism_config_* keys, got {block!r}.")
+        config = self.parallelism()
+        if config is None:
+            self.parallelism_config = None
+            return
+        config.resolved(self.num_processes)  # raises naming the degrees and the process count
+        self.parallelism_config = config.to_launch_dict()
+
+    def parallelism(self) -> ParallelismConfig | None:
+        """The ``parallelism_config:`` block as a :class:`ParallelismConfig` (None when absent or empty)."""
+        if not self.parallelism_config:
+            return None
+        return ParallelismConfig.from_mapping(
+            self.parallelism_config, where=f"parallelism_config ({_where(self.provenance, 'parallelism_config')})")
 
     def _finish_deepspeed(self) -> None:
         block = self.deepspeed_config
@@ -336,6 +361,9 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
         elif key == "deepspeed_config" and isinstance(value, Mapping):
             merged["deepspeed_config"] = {**(merged.get("deepspeed_config") or {}), **value}  # key by key
             provenance["deepspeed_config"] = source
+        elif key == "parallelism_config" and isinstance(value, Mapping):
+            merged["parallelism_config"] = {**(merged.get("parallelism_config") or {}), **value}  # key by key
+            provenance["parallelism_config"] = source
         elif key == "dynamo_backend" or (key == "dynamo_config" and isinstance(value, Mapping)):
             block = {"dynamo_backend": value} if key == "dynamo_backend" else value
             merged["dynamo_config"] = {**(merged.get("dynamo_config") or {}), **block}  # merge key by key

@@ -30,6 +30,8 @@ from trainkit.engine.api.attributes import AccelerateAttributes, refuse_parallel
 from trainkit.engine.step.compile import compile_model
 from trainkit.engine.step.unwrapping import extract_model
 from trainkit.engine.api.configuration import announce, resolve_for_accelerator
+from trainkit.engine.parallel.pretrained import check_run_matches, sharded_by_transformers
+from trainkit.engine.parallel.selection import needs_nd_strategy, parallel_dims_for
 from trainkit.engine.strategies.deepspeed import (
     DummyOptim,
     DummyScheduler,
@@ -90,7 +92,9 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         dynamo_backend: compile prepared models with this torch.compile backend ("inductor", ...).
         dynamo_plugin: all torch.compile settings (:class:`TorchDynamoPlugin`), regional compilation included.
         deepspeed_plugin: a DeepSpeed config (:class:`DeepSpeedPlugin`), run on DDP/FSDP2 (docs/deepspeed.md).
-        megatron_lm_plugin, torch_tp_plugin, parallelism_config: not driven by trainkit (an error says so).
+        parallelism_config: a :class:`ParallelismConfig`: data replicas x FSDP shards x tensor parallelism
+            (docs/parallelism.md). ``torch_tp_plugin`` (deprecated in Accelerate) stands for ``tp_size`` alone.
+        megatron_lm_plugin: not driven by trainkit (an error says so).
         deepspeed_plugins: several named DeepSpeed configs; trainkit takes one (``deepspeed_plugin``).
         rng_types: accepted with a notice (the data order comes from a seeded sampler).
         even_batches: trainkit's shortcut for ``DataLoaderConfiguration(even_batches=...)`` (keyword only).
@@ -125,8 +129,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         even_batches: bool | None = None,
         engine_config: EngineConfig | None = None,
     ) -> None:
-        refuse_parallelism(torch_tp_plugin=torch_tp_plugin, deepspeed_plugins=deepspeed_plugins,
-                           parallelism_config=parallelism_config)
+        refuse_parallelism(deepspeed_plugins=deepspeed_plugins)
         self._compat = resolve_compat_options(
             kwargs_handlers=kwargs_handlers, gradient_accumulation_steps=gradient_accumulation_steps,
             gradient_accumulation_plugin=gradient_accumulation_plugin, megatron_lm_plugin=megatron_lm_plugin,
@@ -136,7 +139,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         config = engine_config if engine_config is not None else resolve_for_accelerator(
             mixed_precision=mixed_precision, cpu=cpu, fsdp_plugin=fsdp_plugin, timeout=pg_kwargs.timeout,
             gradient_accumulation_steps=gradient_accumulation_steps or self._compat.accumulation_steps,
-            dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin)
+            dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin,
+            parallelism_config=parallelism_config, torch_tp_plugin=torch_tp_plugin)
         self.config = config
         """The resolved settings and where each came from (see :class:`trainkit.config.engine.EngineConfig`)."""
         self.state = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
@@ -188,8 +192,11 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
 
     def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
+        self.parallel_dims = parallel_dims_for(config, self.state)
+        nd = self.parallel_dims if needs_nd_strategy(self.parallel_dims, config) else None
         return select_strategy(StrategyRequest(self.state, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
-                                               ddp_kwargs=ddp_kwargs, comm_hook=self._compat.ddp_comm_hook()))
+                                               ddp_kwargs=ddp_kwargs, comm_hook=self._compat.ddp_comm_hook(),
+                                               parallel_dims=nd))
 
     # -- identity (device, process_index, ... come from ProcessIdentity) ---------------------------
     @property
@@ -293,9 +300,11 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         shares of the window's global loss (see docs/engine.md); return its items summed over processes."""
         global_items = local_items
         if local_items is not None:
+            # Tensor-parallel ranks read the same batch: the sum over all processes counts it tp times.
+            copies = self.num_processes // self.strategy.data_parallel_size
             global_items = sum_across_processes(
-                local_items, self.num_processes,
-                lambda count: self.reduce(torch.as_tensor(count, device=self.device), reduction="sum"),
+                local_items, self.strategy.data_parallel_size,
+                lambda count: self.reduce(torch.as_tensor(count, device=self.device), reduction="sum") // copies,
                 same_on_every_process=same_items_on_every_process)
         self.gradient_state.open_window(num_micro_batches, global_items)
         return global_items
@@ -305,7 +314,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         if self._checkpoint_writer is not None:  # a failed background checkpoint write stops the loop here
             self._checkpoint_writer.raise_pending_error()
         loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
-                                                  self.num_processes)
+                                                  self.strategy.data_parallel_size)
         self.precision.backward(loss, **kwargs)
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
@@ -357,9 +366,12 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             # Instance attributes shadow the class's forward; setattr because nn.Module types attributes as tensors.
             setattr(model, "_trainkit_original_forward", model.forward)
             setattr(model, "forward", self.precision.wrap_forward(model.forward))
-        if not evaluation_mode:
+        if sharded_by_transformers(model):  # from_pretrained(distributed_config=...) placed and sharded it already
+            check_run_matches(model, self.strategy.data_parallel_size, self.num_processes)
+        elif not evaluation_mode:
             compile_model(model, self.dynamo_plugin)  # in place, before sharding or wrapping
-        wrapped = model.to(self.device) if evaluation_mode else self.strategy.wrap_model(model)
+        wrapped = model if sharded_by_transformers(model) else model.to(self.device) if evaluation_mode else \
+            self.strategy.wrap_model(model)
         self._models.append(wrapped)
         return wrapped
 
@@ -384,7 +396,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             scheduler = deepspeed_scheduler(self.deepspeed, scheduler, self._optimizers)
         optimizers = [opt for opt in self._optimizers if opt.optimizer is scheduler.optimizer
                       or getattr(opt, "placeholder", None) is scheduler.optimizer] or self._optimizers
-        steps = 1 if self.split_batches or built else self.num_processes
+        # once per data-parallel rank (Accelerate: per process): a tensor-parallel group reads one batch
+        steps = 1 if self.split_batches or built else self.strategy.data_parallel_size
         prepared = PreparedScheduler(scheduler, optimizers, gradient_state=self.gradient_state, steps_per_call=steps,
                                      step_with_optimizer=self.step_scheduler_with_optimizer)
         self._schedulers.append(prepared)
@@ -402,8 +415,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         check_micro_batch(self.deepspeed, dataloader)
         prepared = prepare_data_loader(
             dataloader,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=self.strategy.data_parallel_size,  # a tensor-parallel group reads one share
+            process_index=self.strategy.data_parallel_rank,
             device=self.device if place else None,
             gradient_state=self.gradient_state,
             config=self.dataloader_config,
@@ -429,7 +442,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         """Gather, then drop the samples that padded the last global batch (exactly the dataset's size)."""
         state = self.gradient_state
         return collectives.gather_for_metrics(input_data, use_gather_object, real_counts=state.real_counts,
-                                              remainder=state.remainder if state.end_of_dataloader else -1)
+                                              remainder=state.remainder if state.end_of_dataloader else -1,
+                                              group=self.strategy.data_group)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         """All-reduce (``sum`` or ``mean``) every tensor across processes."""

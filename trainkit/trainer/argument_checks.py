@@ -228,9 +228,10 @@ def _check_unavailable_features(args: Any) -> None:
             from trainkit.engine.strategies.fsdp.pretrained_loading import load_on_rank0_only
 
             load_on_rank0_only()  # arguments come before from_pretrained in a Trainer script
-    if args.parallelism_config is not None:
-        raise ConfigError(f"parallelism_config in {WHERE} needs Accelerate's ParallelismConfig (tensor/context "
-                          "parallelism), which trainkit does not provide; use fsdp for sharding.")
+    if args.parallelism_config is not None:  # its type and degrees now; its product against the world at training
+        from trainkit.config.engine import parse_parallelism
+
+        parse_parallelism(args.parallelism_config, f"parallelism_config in {WHERE}")
     if args.optim_target_modules is not None:
         raise ConfigError(f"optim_target_modules in {WHERE} is read only by the GaLore/APOLLO optimizers (packages "
                           f"galore-torch/apollo-torch), which trainkit does not build; optim={args.optim!r} ignores it.")

@@ -163,7 +163,7 @@ class TrainingArguments(ProcessAttributes):
     use_cpu: bool = field(default=False, metadata={"help": "Run on CPU even when an accelerator is present."})
     local_rank: int = field(default=-1, metadata={"help": "Accepted for old launchers; the rank comes from the environment."})
     accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, ...): a dict or a JSON file."})
-    parallelism_config: Any = field(default=None, metadata={"help": "Accelerate's ParallelismConfig (tensor/context parallelism: not available in trainkit)."})
+    parallelism_config: Any = field(default=None, metadata={"help": "A ParallelismConfig (trainkit's or Accelerate's): data replicas x FSDP shards x tensor parallelism (docs/parallelism.md)."})
     ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "DistributedDataParallel's find_unused_parameters."})
     ddp_bucket_cap_mb: int | None = field(default=None, metadata={"help": "DistributedDataParallel's bucket_cap_mb."})
     ddp_broadcast_buffers: bool | None = field(default=None, metadata={"help": "DistributedDataParallel's broadcast_buffers."})

@@ -16,10 +16,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainkit.config.dynamo import TorchDynamoPlugin
-from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, resolve_engine_config
+from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, parse_parallelism, resolve_engine_config
+from trainkit.config.errors import ConfigError
 from trainkit.config.fsdp import FSDPOptions
 
 from trainkit.engine.api.configuration import deepspeed_plugin_settings, dynamo_from_arguments
+from trainkit.engine.parallel.pretrained import transformers_layout
 
 from .arguments import TrainingArguments
 
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
 SOURCE = "TrainingArguments"
 
 
-def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any = None) -> dict[str, Setting]:
+def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any = None,
+                                model: Any = None) -> dict[str, Setting]:
     """The engine settings ``args`` sets (see the module docstring for what "set" means).
 
     ``deepspeed_plugin`` is ``args.deepspeed`` already translated for the Trainer (trainer/deepspeed.py).
@@ -49,6 +52,16 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
         settings["use_cpu"] = Setting(True, f"{SOURCE}(use_cpu=True)")
     if args.ddp_timeout_if_set is not None:  # 1800 (transformers' default) counts as not set
         settings["collective_timeout"] = Setting(float(args.ddp_timeout), f"{SOURCE}(ddp_timeout=)")
+    layout = transformers_layout(model)  # a model from_pretrained(distributed_config=...) already sharded
+    if args.parallelism_config is not None:
+        settings["parallelism"] = Setting(args.parallelism_config, f"{SOURCE}(parallelism_config=)")
+        given = parse_parallelism(args.parallelism_config, SOURCE)
+        if layout is not None and given is not None and given.degrees() != layout.degrees():
+            raise ConfigError(f"parallelism_config in {SOURCE} ({given.degrees()}) differs from the layout the model "
+                              f"was loaded with ({layout.degrees()}, its distributed_config); leave parallelism_config "
+                              "unset to follow the model.")
+    elif layout is not None:
+        settings["parallelism"] = Setting(layout, "the model's distributed_config (from_pretrained)")
     options = args.fsdp_options
     if options is not None:
         words = args.fsdp if isinstance(args.fsdp, list) else str(args.fsdp).split()  # a list once resolved
@@ -62,13 +75,14 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
     return settings
 
 
-def resolve_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None) -> EngineConfig:
+def resolve_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None, model: Any = None) -> EngineConfig:
     """The engine's configuration for a Trainer: what ``args`` set > the launcher's flags and file > defaults
-    (:func:`~trainkit.config.engine.resolve_engine_config`); ``args`` are read only."""
-    return resolve_engine_config(training_arguments_settings(args, deepspeed_plugin))
+    (:func:`~trainkit.config.engine.resolve_engine_config`); ``model`` brings the layout it was loaded with
+    (``from_pretrained(distributed_config=...)``); ``args`` are read only."""
+    return resolve_engine_config(training_arguments_settings(args, deepspeed_plugin, model))
 
 
-def accelerator_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None) -> Accelerator:
+def accelerator_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None, model: Any = None) -> Accelerator:
     """The Trainer's engine, configured from ``args`` (the engine itself never sees TrainingArguments).
 
     ``accelerator.config`` holds the resolved settings; the Trainer's loop opens each accumulation window itself
@@ -81,7 +95,7 @@ def accelerator_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = Non
     from .wiring import engine_options
 
     accelerator = Accelerator(
-        engine_config=resolve_for_trainer(args, deepspeed_plugin),
+        engine_config=resolve_for_trainer(args, deepspeed_plugin, model),
         **engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
         log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
         project_dir=args.output_dir,

@@ -94,6 +94,9 @@ class TrainingMeter:
             packed = self.accelerator.reduce(packed, reduction="sum")
         loss_sum, finite_steps, samples, tokens = packed.tolist()
         finite_steps /= self.accelerator.num_processes  # every process counted the same steps
+        # The ranks of a tensor-parallel group read the same batch: the sum counted it once per rank.
+        copies = self.accelerator.num_processes // self.accelerator.strategy.data_parallel_size
+        loss_sum, samples, tokens = loss_sum / copies, samples / copies, tokens / copies
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         steps = self.steps
         mean_loss = loss_sum / finite_steps if finite_steps else float("nan")

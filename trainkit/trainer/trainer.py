@@ -77,6 +77,7 @@ class Trainer:
         self.is_in_train = False
         self._memory_tracker = wiring.memory_tracker(self.args)
         self._memory_tracker.start()  # named by its caller (__init__, train, evaluate): transformers' stages
+        self._loaded_model = model  # read by create_accelerator: a model transformers sharded sets the layout
         self.accelerator = self.create_accelerator()
         self._configure_logging()
         self.hub = None
@@ -128,7 +129,8 @@ class Trainer:
             from .deepspeed import deepspeed_for_trainer
 
             self._deepspeed = deepspeed_for_trainer(self.args)
-        return accelerator_for_trainer(self.args, self._deepspeed.plugin if self._deepspeed else None)
+        return accelerator_for_trainer(self.args, self._deepspeed.plugin if self._deepspeed else None,
+                                       model=getattr(self, "_loaded_model", None))
 
     @property
     def _accumulation_steps(self) -> int:
@@ -437,7 +439,8 @@ class Trainer:
             self._count_tokens(leftover["tokens"])
         if args.load_best_model_at_end:
             self.checkpoint_manager.load_best_model()
-        global_batch = args.per_device_train_batch_size * self._accumulation_steps * self.accelerator.num_processes
+        data_parallel = self.accelerator.strategy.data_parallel_size  # a tensor-parallel group reads one batch
+        global_batch = args.per_device_train_batch_size * self._accumulation_steps * data_parallel
         metrics = speed_metrics("train", start, num_samples=steps_run * global_batch, num_steps=steps_run)
         metrics.update(total_flos=state.total_flos, train_loss=self.meter.train_loss)
         self.log(metrics)

@@ -26,10 +26,27 @@ def _fsdp_request() -> StrategyRequest:
 
 
 def test_registry_picks_the_first_strategy_that_applies() -> None:
-    assert [entry.name for entry in STRATEGIES] == ["fsdp", "ddp", "single"]
+    from trainkit.config.parallelism import ParallelismConfig
+    from trainkit.engine.parallel import ParallelDims
+
+    assert [entry.name for entry in STRATEGIES] == ["nd", "fsdp", "ddp", "single"]
     assert strategy_entry(StrategyRequest(_state(1))).name == "single"
     assert strategy_entry(StrategyRequest(_state(2))).name == "ddp"
     assert strategy_entry(_fsdp_request()).name == "fsdp"
+    dims = ParallelDims(ParallelismConfig(tp_size=2), 2, "cpu")  # the mesh is built only when asked for
+    assert strategy_entry(StrategyRequest(_state(2), parallel_dims=dims)).name == "nd"
+
+
+def test_data_parallel_size_and_rank_follow_the_tensor_parallel_groups() -> None:
+    """CPU, no process group: with TP=2 on 4 processes, ranks (0,1) read share 0 and (2,3) share 1."""
+    from trainkit.config.parallelism import ParallelismConfig
+    from trainkit.engine.parallel import ParallelDims
+
+    dims = ParallelDims(ParallelismConfig(dp_shard_size=-1, tp_size=2), 4, "cpu")
+    assert (dims.dp_replicate, dims.dp_shard, dims.tp, dims.dp_size) == (1, 2, 2, 2)
+    assert [dims.dp_rank(rank) for rank in range(4)] == [0, 0, 1, 1]
+    assert [dims.tp_rank(rank) for rank in range(4)] == [0, 1, 0, 1]
+    assert select_strategy(StrategyRequest(_state(4))).data_parallel_size == 4  # DDP: every process
 
 
 def test_capabilities_are_stated_per_strategy() -> None:

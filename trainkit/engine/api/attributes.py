@@ -2,8 +2,8 @@
 
 Properties that read the Accelerator's configuration under Accelerate's names (``non_blocking``,
 ``use_seedable_sampler``, ``save_iteration``...), the ``on_*_process`` decorators, the checkpoint pre-hooks
-registry, and the parallelism attributes trainkit answers as a data-parallel-only engine: no device mesh, no
-tensor/context/pipeline parallelism (Accelerate's own answers when no ``ParallelismConfig`` is set).
+registry, and the parallelism attributes (the ParallelismConfig, its device mesh and this process's ranks in
+it; context and pipeline parallelism are refused).
 """
 
 from __future__ import annotations
@@ -19,15 +19,12 @@ from torch.utils.hooks import RemovableHandle
 from trainkit.engine.process.control import only_when
 from trainkit.utils.enums import DistributedType
 
-_NO_PARALLELISM = ("trainkit does not drive tensor, context or pipeline parallelism (ParallelismConfig); "
-                   "shard with FullyShardedDataParallelPlugin (FSDP2, hybrid sharding included) instead")
+_NO_PARALLELISM = ("trainkit does not drive context or pipeline parallelism; tensor, data and sharded parallelism "
+                   "are set with ParallelismConfig (docs/parallelism.md)")
 
 
-def refuse_parallelism(*, torch_tp_plugin: Any, deepspeed_plugins: Any, parallelism_config: Any) -> None:
+def refuse_parallelism(*, deepspeed_plugins: Any) -> None:
     """Accelerator arguments for parallelism trainkit does not drive: an error naming the argument."""
-    for name, value in (("torch_tp_plugin", torch_tp_plugin), ("parallelism_config", parallelism_config)):
-        if value is not None:
-            raise NotImplementedError(f"Accelerator({name}=...): {_NO_PARALLELISM}.")
     if deepspeed_plugins is not None:
         raise NotImplementedError("Accelerator(deepspeed_plugins=...): trainkit runs one DeepSpeed config; pass it "
                                   "as deepspeed_plugin=DeepSpeedPlugin(...).")
@@ -45,10 +42,8 @@ class AccelerateAttributes:
     project_configuration: Any
     deepspeed_plugin: Any = None
     """The DeepSpeed config given to the Accelerator, or None."""
-    parallelism_config = None
-    """None: trainkit has no ParallelismConfig (data parallelism and FSDP2 sharding only)."""
-    torch_device_mesh = None
-    """None: trainkit's strategies build their meshes internally; none is exposed as Accelerate's."""
+    parallel_dims: Any = None
+    """The run's :class:`~trainkit.engine.parallel.ParallelDims` when a ParallelismConfig was given, else None."""
     fp8_backend = None
     """None: trainkit has no fp8 training."""
 
@@ -99,23 +94,43 @@ class AccelerateAttributes:
         """True for several processes on accelerator devices (DDP on GPUs), as opposed to CPU processes."""
         return self.state.use_distributed and getattr(self, "distributed_type") == DistributedType.MULTI_GPU
 
-    # -- parallelism trainkit does not drive --------------------------------------------------------
+    # -- parallelism (Accelerate's answers: a ParallelismConfig is needed for the ranks) --------------
+    @property
+    def parallelism_config(self) -> Any:
+        """The run's ParallelismConfig with its degrees resolved against the world size, or None."""
+        return self.parallel_dims.config if self.parallel_dims is not None else None
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The device mesh ``dp_replicate x dp_shard x tp`` (plus the flattened ``dp``), or None without a
+        ParallelismConfig (the FSDP strategy then builds its mesh internally)."""
+        dims = self.parallel_dims
+        return dims.mesh if dims is not None and dims.world_size > 1 else None
+
+    def _mesh_rank(self, dimension: str, what: str) -> int:
+        dims = self.parallel_dims
+        if dims is None:
+            raise RuntimeError(f"Accelerator.{what} needs a ParallelismConfig (Accelerator(parallelism_config=...)); "
+                               "without one, the data-parallel rank is accelerator.process_index.")
+        return dims.mesh.get_local_rank(dimension) if getattr(dims, dimension) > 1 else 0  # size 1: no mesh needed
+
     @property
     def data_parallel_rank(self) -> int:
-        """Needs a ParallelismConfig, as in Accelerate; trainkit has none (use ``process_index``)."""
-        raise RuntimeError("Accelerator.data_parallel_rank needs a ParallelismConfig, which trainkit does not have; "
-                           "the data-parallel rank is accelerator.process_index.")
+        """This process's index along ``dp_replicate`` (0 when it has size 1); needs a ParallelismConfig."""
+        return self._mesh_rank("dp_replicate", "data_parallel_rank")
 
     @property
     def data_parallel_shard_rank(self) -> int:
-        """Needs a ParallelismConfig, as in Accelerate; trainkit has none (use ``process_index``)."""
-        raise RuntimeError("Accelerator.data_parallel_shard_rank needs a ParallelismConfig, which trainkit does not "
-                           "have; the shard rank is accelerator.process_index.")
+        """This process's index along ``dp_shard`` (0 when it has size 1); needs a ParallelismConfig."""
+        return self._mesh_rank("dp_shard", "data_parallel_shard_rank")
 
     @property
     def tensor_parallel_rank(self) -> int:
-        """Tensor parallelism is not driven by trainkit."""
-        _refuse("Accelerator.tensor_parallel_rank")
+        """This process's index inside its tensor-parallel group (0 when ``tp_size`` is 1)."""
+        if self.parallel_dims is None:
+            raise RuntimeError("Accelerator.tensor_parallel_rank needs a ParallelismConfig with tp_size "
+                               "(Accelerator(parallelism_config=ParallelismConfig(tp_size=...))).")
+        return self._mesh_rank("tp", "tensor_parallel_rank")
 
     @property
     def context_parallel_rank(self) -> int:

@@ -8,6 +8,7 @@ Resolution itself lives in :mod:`trainkit.config.engine`; this module only says 
 from __future__ import annotations
 
 import logging
+import warnings
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from trainkit.config.deepspeed import engine_values
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, resolve_engine_config
 from trainkit.config.errors import ConfigError
+from trainkit.config.parallelism import ParallelismConfig
 
 logger = logging.getLogger("trainkit.engine")
 
@@ -24,7 +26,8 @@ logger = logging.getLogger("trainkit.engine")
 def accelerator_settings(*, mixed_precision: Any = None, gradient_accumulation_steps: Any = None,
                          cpu: Any = None, fsdp_plugin: Any = None, gradient_accumulation_plugin: Any = None,
                          timeout: timedelta | None = None, dynamo_backend: Any = None, dynamo_plugin: Any = None,
-                         deepspeed_plugin: Any = None) -> dict[str, Setting]:
+                         deepspeed_plugin: Any = None, parallelism_config: Any = None,
+                         torch_tp_plugin: Any = None) -> dict[str, Setting]:
     """The explicit settings of one ``Accelerator(...)`` call: only the arguments that were given."""
     settings: dict[str, Setting] = {}
     if deepspeed_plugin is not None:  # first: the script's own arguments must agree with its DeepSpeed config
@@ -55,9 +58,25 @@ def accelerator_settings(*, mixed_precision: Any = None, gradient_accumulation_s
         settings["dynamo"] = Setting(dynamo_from_arguments(dynamo_backend, dynamo_plugin),
                                      "Accelerator(dynamo_plugin=)" if dynamo_plugin is not None else
                                      "Accelerator(dynamo_backend=)")
+    if parallelism_config is not None:
+        settings["parallelism"] = Setting(parallelism_config, "Accelerator(parallelism_config=)")
+    elif torch_tp_plugin is not None:
+        settings["parallelism"] = Setting(tp_plugin_parallelism(torch_tp_plugin), "Accelerator(torch_tp_plugin=)")
     if conflicts:
         raise ConfigError("Accelerator(...): " + "; ".join(conflicts) + ".")
     return settings
+
+
+def tp_plugin_parallelism(plugin: Any) -> ParallelismConfig:
+    """Accelerate's deprecated ``TorchTensorParallelPlugin(tp_size=...)`` as the ParallelismConfig it stands for
+    (Accelerate converts it the same way, with a FutureWarning)."""
+    tp_size = getattr(plugin, "tp_size", None)
+    if tp_size is None:
+        raise ConfigError(f"Accelerator(torch_tp_plugin=...): expected an object with tp_size (Accelerate's "
+                          f"TorchTensorParallelPlugin), got {type(plugin).__name__}.")
+    warnings.warn("Accelerator(torch_tp_plugin=...) is deprecated (as in Accelerate): pass "
+                  f"parallelism_config=ParallelismConfig(tp_size={tp_size}) instead.", FutureWarning, stacklevel=4)
+    return ParallelismConfig(tp_size=tp_size)
 
 
 def _agree(settings: dict[str, Setting], key: str, value: Any) -> list[str]:

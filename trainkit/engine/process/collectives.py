@@ -16,8 +16,8 @@ from trainkit.engine.process.nested import iter_leaves, map_tensors
 from trainkit.engine.process.operation_checks import verify_operation
 
 
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+def _world(group: dist.ProcessGroup | None = None) -> int:
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
 def recursively_apply(function: Callable[[torch.Tensor], Any], data: Any) -> Any:
@@ -25,12 +25,12 @@ def recursively_apply(function: Callable[[torch.Tensor], Any], data: Any) -> Any
     return map_tensors(function, data)
 
 
-def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+def _gather_one(tensor: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     tensor = tensor.contiguous()
     if tensor.ndim == 0:
         tensor = tensor[None]
-    parts = [torch.empty_like(tensor) for _ in range(_world())]
-    dist.all_gather(parts, tensor)
+    parts = [torch.empty_like(tensor) for _ in range(_world(group))]
+    dist.all_gather(parts, tensor, group=group)
     return torch.cat(parts, dim=0)
 
 
@@ -42,12 +42,12 @@ def gather(tensor: Any) -> Any:
     return recursively_apply(_gather_one, tensor)
 
 
-def gather_object(object: Any) -> list[Any]:  # noqa: A002 - Accelerate's parameter name
-    """Gather picklable objects from every process; lists are concatenated, other objects listed."""
-    if _world() == 1:
+def gather_object(object: Any, group: dist.ProcessGroup | None = None) -> list[Any]:  # noqa: A002 - Accelerate's name
+    """Gather picklable objects from every process (of ``group``); lists are concatenated, other objects listed."""
+    if _world(group) == 1:
         return list(object) if isinstance(object, list) else [object]
-    gathered: list[Any] = [None] * _world()
-    dist.all_gather_object(gathered, object)
+    gathered: list[Any] = [None] * _world(group)
+    dist.all_gather_object(gathered, object, group=group)
     if all(isinstance(item, list) for item in gathered):
         return [x for item in gathered for x in item]
     return gathered
@@ -151,11 +151,18 @@ def scatter_object(objects: list[Any] | None, from_process: int = 0) -> Any:
 
 
 def gather_for_metrics(data: Any, use_gather_object: bool = False, *, real_counts: list[int] | None = None,
-                       remainder: int = -1) -> Any:
+                       remainder: int = -1, group: dist.ProcessGroup | None = None) -> Any:
     """Gather ``data``, then drop the rows that only padded the last batch: a stream's padding (``real_counts``:
-    real rows per rank) or the even-batches padding of the last global batch (``remainder`` real rows, -1: none)."""
+    real rows per rank) or the even-batches padding of the last global batch (``remainder`` real rows, -1: none).
+
+    ``group``: gather over these processes only (the data-parallel ranks when tensor-parallel groups read the
+    same batch, so each sample is counted once)."""
     tensors_only = all(isinstance(t, torch.Tensor) for t in iter_leaves(data))
-    gathered = gather_object(data) if use_gather_object or not tensors_only else gather(data)
+    if group is not None:
+        gathered = gather_object(data, group) if use_gather_object or not tensors_only else (
+            data if _world(group) == 1 else recursively_apply(lambda t: _gather_one(t, group), data))
+    else:
+        gathered = gather_object(data) if use_gather_object or not tensors_only else gather(data)
     if real_counts is not None and sum(real_counts) < _rows(gathered):
         return keep_real_rows(gathered, real_counts)
     if remainder > 0:

@@ -30,7 +30,7 @@ class AccelerateStateAPI:
     megatron_lm_plugin = None
     """Always None: trainkit does not drive Megatron-LM."""
     torch_tp_plugin = None
-    """None: trainkit has no tensor parallelism."""
+    """None: tensor parallelism is set with a ParallelismConfig (see :attr:`parallelism_config`)."""
     use_ipex = False
     fork_launched = False
     _accelerator_ref: Callable[[], Any] | None = None
@@ -129,6 +129,18 @@ class AccelerateStateAPI:
         """The FSDP plugin in use, or None."""
         accelerator = self.accelerator
         return getattr(getattr(accelerator, "strategy", None), "plugin", None) if accelerator is not None else None
+
+    @property
+    def parallelism_config(self) -> Any:
+        """The newest Accelerator's ParallelismConfig (degrees resolved), or None."""
+        accelerator = self.accelerator
+        return getattr(accelerator, "parallelism_config", None) if accelerator is not None else None
+
+    @property
+    def device_mesh(self) -> Any:
+        """The newest Accelerator's device mesh (``dp_replicate x dp_shard x tp``), or None."""
+        accelerator = self.accelerator
+        return getattr(accelerator, "torch_device_mesh", None) if accelerator is not None else None
 
     @property
     def dynamo_plugin(self) -> Any:

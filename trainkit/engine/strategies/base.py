@@ -17,7 +17,10 @@ from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
 if TYPE_CHECKING:
+    import torch.distributed as dist
+
     from trainkit.config.fsdp import FSDPOptions
+    from trainkit.engine.parallel import ParallelDims
     from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 GradientReduction = Literal["mean", "sum"]
@@ -34,6 +37,8 @@ class StrategyRequest:
     ddp_kwargs: dict[str, Any] = field(default_factory=dict)
     comm_hook: dict[str, Any] | None = None
     """DDP's communication hook from DistributedDataParallelKwargs (``{"hook", "wrapper", "state_option"}``)."""
+    parallel_dims: ParallelDims | None = None
+    """The run's parallel degrees and mesh, when a ParallelismConfig asks for more than plain DDP."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,22 @@ class Strategy:
     def device(self) -> torch.device:
         """The device this process computes on."""
         return self.state.device
+
+    # -- who reads which data (tensor parallelism makes it differ from the processes) --------------
+    @property
+    def data_parallel_size(self) -> int:
+        """Processes that read different batches (all of them unless groups of processes share one batch)."""
+        return self.state.world_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which share of each global batch this process reads."""
+        return self.state.rank
+
+    @property
+    def data_group(self) -> dist.ProcessGroup | None:
+        """The process group evaluation results are gathered over (None: every process)."""
+        return None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Place ``model`` on the device and wrap it for this strategy."""

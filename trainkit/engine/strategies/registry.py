@@ -30,6 +30,7 @@ class StrategyEntry:
 
 # First match wins: the most specific request first, the single-device fallback last.
 STRATEGIES: list[StrategyEntry] = [
+    StrategyEntry("nd", "trainkit.engine.strategies.nd:NDParallelStrategy", lambda r: r.parallel_dims is not None),
     StrategyEntry("fsdp", "trainkit.engine.strategies.fsdp.strategy:FSDPStrategy", lambda r: r.fsdp_options is not None),
     StrategyEntry("ddp", "trainkit.engine.strategies.ddp:DDPStrategy", lambda r: r.state.world_size > 1),
     StrategyEntry("single", "trainkit.engine.strategies.single:SingleDeviceStrategy", lambda r: True),

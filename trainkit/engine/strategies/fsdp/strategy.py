@@ -100,12 +100,12 @@ class FSDPStrategy(Strategy):
             model.to(self.device)
             if options.sync_module_states and world > 1:
                 rank0_weights.broadcast_module_states(model)
+        self._split_before_sharding(model)
         sharding.unify_group_dtypes(model, units)
         if options.activation_checkpointing:
             sharding.apply_activation_checkpointing(units or [model])
-        shape = sharding.mesh_shape(options.sharding_strategy, world, self.state.local_world_size,
-                                    options.hybrid_shard_group_size)
-        mesh = sharding.build_mesh(shape, self.device.type)
+        mesh = self._data_mesh()
+        shape = tuple(mesh.shape)
         # Resharding after forward frees gathered parameters to re-gather them in backward; where the shard
         # dimension holds one rank (one process, NO_SHARD) nothing was sharded, so that is pure cost
         # (measured: 24 % of a GPT-2 step on one H100).
@@ -129,6 +129,16 @@ class FSDPStrategy(Strategy):
         logger.info("FSDP2 %s on mesh %s: %d units %s", options.sharding_strategy, shape, len(units),
                     sharding.describe_units(units, model)[:4])
         return model
+
+    def _split_before_sharding(self, model: nn.Module) -> None:
+        """Split layers across other mesh dimensions before sharding (tensor parallelism); none here."""
+
+    def _data_mesh(self) -> Any:
+        """The mesh ``fully_shard`` spans: every process, shaped by the sharding strategy."""
+        options = self.options
+        shape = sharding.mesh_shape(options.sharding_strategy, self.state.world_size, self.state.local_world_size,
+                                    options.hybrid_shard_group_size)
+        return sharding.build_mesh(shape, self.device.type)
 
     def _choose_units(self, model: nn.Module) -> list[nn.Module]:
         policy = self.plugin.wrap_policy if callable(self.plugin.wrap_policy) else self.options.auto_wrap_policy
@@ -257,11 +267,15 @@ def _gradient_sync_paused(model: FSDPModule) -> Iterator[None]:
 def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
     """The norm of all gradients together, DTensor shards reduced across their mesh; a plain tensor."""
     norm_type = float(norm_type)
-    sharded = [p.grad for p in parameters if p.grad is not None and isinstance(p.grad, DTensor)]
+    parameters = list(parameters)
+    by_mesh: dict[Any, list[torch.Tensor]] = {}  # tensor parallelism puts some gradients on a 2-D mesh
+    for param in parameters:
+        if param.grad is not None and isinstance(param.grad, DTensor):
+            by_mesh.setdefault(param.grad.device_mesh, []).append(param.grad)
     plain = [p.grad for p in parameters if p.grad is not None and not isinstance(p.grad, DTensor)]
     parts = []
-    if sharded:
-        norm = torch.nn.utils.get_total_norm(sharded, norm_type)
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, norm_type)
         parts.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
     if plain:  # replicated (unsharded) gradients: every rank already holds the whole norm
         parts.append(torch.nn.utils.get_total_norm(plain, norm_type))

@@ -1,0 +1,54 @@
+"""A model ``from_pretrained(distributed_config=DistributedConfig(tp_size=2, fsdp_size=2))`` sharded is accepted by
+the Trainer as it is (no second wrapping), trains as one process and saves one full safetensors file.
+CPU, gloo, 4 processes (tests/engine/workers/nd_pretrained.py) and one plain process for the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.distributed import ENGINE_WORKERS, run_python, run_torchrun
+
+WORKER = ENGINE_WORKERS / "nd_pretrained.py"
+RELATIVE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    pytest.importorskip("transformers.distributed")  # DistributedConfig's sharded loading (transformers 5.x)
+    import sys
+
+    sys.path.insert(0, str(WORKER.parent))
+    from nd_parallel import build_model
+
+    out = tmp_path_factory.mktemp("nd_pretrained")
+    build_model(tied=False).save_pretrained(out / "pretrained")
+    run_torchrun(WORKER, "sharded", str(out / "pretrained"), str(out), nproc=4, timeout=300)
+    run_python(WORKER, "single", str(out / "pretrained"), str(out), timeout=300)
+    return {"out": out, **{mode: torch.load(out / f"pretrained_{mode}.pt", weights_only=False)
+                           for mode in ("sharded", "single")}}
+
+
+def test_trainer_keeps_the_transformers_sharded_model_and_trains_as_one_process(runs: dict) -> None:
+    sharded, single = runs["sharded"], runs["single"]
+    assert sharded["layout"] == "dp_replicate=1 x dp_shard=2 x tp=2 (TP x FSDP)"  # from the model's distributed_config
+    assert sharded["same_parameters"]  # prepare kept transformers' DTensor parameters: nothing was wrapped again
+    for key in ("losses", "norms"):
+        assert len(sharded[key]) == len(single[key]) == 4
+        assert max(abs(a - b) / abs(b) for a, b in zip(sharded[key], single[key])) < RELATIVE
+
+
+def test_saved_model_is_one_full_safetensors_file(runs: dict) -> None:
+    from safetensors.torch import load_file
+
+    sharded = load_file(runs["out"] / "saved_sharded" / "model.safetensors")
+    single = load_file(runs["out"] / "saved_single" / "model.safetensors")
+    assert sorted(sharded) == sorted(single)
+    for name, expected in single.items():
+        assert sharded[name].shape == expected.shape
+        assert (sharded[name] - expected).norm() / expected.norm() < RELATIVE, name
+
+
+def test_an_accelerator_reading_data_differently_refuses_it(runs: dict) -> None:
+    """DDP over 4 processes would give each TP rank its own batch: prepare says which ParallelismConfig fits."""
+    assert "ParallelismConfig(dp_replicate_size=1, dp_shard_size=2, tp_size=2)" in runs["sharded"]["refusal"]

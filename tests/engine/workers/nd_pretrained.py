@@ -1,0 +1,58 @@
+"""A model transformers sharded while loading it (from_pretrained(distributed_config=...)) under trainkit (CPU, gloo).
+
+Modes: ``sharded PRETRAINED OUT`` (4 processes: DistributedConfig(tp_size=2, fsdp_size=2)) and ``single PRETRAINED
+OUT`` (one plain process, the reference). Each: the Trainer trains the loaded model (no parallelism_config given:
+it follows the model's layout), saves it with save_model, and reports the per-step loss and gradient norm;
+the sharded mode first checks that an Accelerator whose data layout differs from the model's refuses it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from nd_launched import Samples  # noqa: E402
+from nd_parallel import ACCUMULATION, CLIP, GLOBAL, LR, STEPS  # noqa: E402
+
+
+def main(mode: str, pretrained: str, out: Path) -> None:
+    from transformers import DistributedConfig, LlamaForCausalLM
+
+    from trainkit import Accelerator, Trainer, TrainingArguments
+
+    results: dict = {}
+    if mode == "sharded":
+        config = DistributedConfig(tp_size=2, fsdp_size=2)
+        model = LlamaForCausalLM.from_pretrained(pretrained, distributed_config=config)
+        try:
+            Accelerator().prepare(model)  # plain DDP over 4 processes would read 4 different batches
+        except ValueError as error:
+            results["refusal"] = str(error)
+        Accelerator().free_memory()
+        model = LlamaForCausalLM.from_pretrained(pretrained, distributed_config=config)
+        data_parallel = 2
+    else:
+        model = LlamaForCausalLM.from_pretrained(pretrained)
+        data_parallel = 1
+    ids_before = {name: id(param) for name, param in model.named_parameters()}
+    args = TrainingArguments(
+        output_dir=str(out / f"trainer_{mode}"), per_device_train_batch_size=GLOBAL // data_parallel,
+        gradient_accumulation_steps=ACCUMULATION, max_grad_norm=CLIP, learning_rate=LR, lr_scheduler_type="constant",
+        max_steps=STEPS, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True, seed=0,
+        train_sampling_strategy="sequential", disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=Samples(GLOBAL * ACCUMULATION * STEPS))
+    trainer.train()
+    trainer.save_model(str(out / f"saved_{mode}"))
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    results.update(losses=[entry["loss"] for entry in logs], norms=[entry["grad_norm"] for entry in logs],
+                   same_parameters=ids_before == {name: id(param) for name, param in trainer.model.named_parameters()},
+                   layout=trainer.accelerator.parallel_dims.describe() if trainer.accelerator.parallel_dims else "one")
+    if trainer.accelerator.is_main_process:
+        torch.save(results, out / f"pretrained_{mode}.pt")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))

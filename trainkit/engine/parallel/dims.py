@@ -1,0 +1,84 @@
+"""One object for a run's parallel degrees and the device mesh they form.
+
+:class:`ParallelDims` takes a :class:`~trainkit.config.parallelism.ParallelismConfig` resolved against the
+world size and builds one mesh ``dp_replicate x dp_shard x tp`` (every dimension present, size-1 ones too,
+so each sub-mesh exists whatever the degrees). Its sub-meshes are what the rest of the engine asks for:
+
+* :attr:`tp_mesh`: the ranks that split one layer (and read the same batch);
+* :attr:`fsdp_mesh`: what ``fully_shard`` shards/replicates across: ``dp_shard`` alone (FSDP), or
+  ``(dp_replicate, dp_shard)`` (HSDP; DDP when ``dp_shard`` is 1);
+* :attr:`dp_mesh` (the flattened data dimensions): data loading, loss normalisation and evaluation gathers.
+
+Ranks are laid out with ``tp`` innermost, so a TP group is consecutive ranks and
+``rank = dp_rank * tp + tp_rank``.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from trainkit.config.parallelism import MESH_ORDER, ParallelismConfig
+
+
+class ParallelDims:
+    """The resolved degrees of a run and its named device mesh (built on first use, collectively)."""
+
+    def __init__(self, config: ParallelismConfig, world_size: int, device_type: str) -> None:
+        self.config = config.resolved(world_size)
+        self.world_size = world_size
+        self.device_type = device_type
+        degrees = self.config.degrees()
+        self.dp_replicate, self.dp_shard, self.tp = degrees["dp_replicate"], degrees["dp_shard"], degrees["tp"]
+
+    @property
+    def dp_size(self) -> int:
+        """Processes reading different batches."""
+        return self.dp_replicate * self.dp_shard
+
+    def dp_rank(self, rank: int) -> int:
+        """Which share of the data ``rank`` reads (the same for every rank of a TP group)."""
+        return rank // self.tp
+
+    def tp_rank(self, rank: int) -> int:
+        """``rank``'s position inside its TP group."""
+        return rank % self.tp
+
+    @cached_property
+    def mesh(self) -> DeviceMesh:
+        """The whole mesh, dimensions named ``dp_replicate``, ``dp_shard``, ``tp`` (collective: every rank builds
+        it), with the flattened ``dp`` dimension (``dp_replicate x dp_shard``)."""
+        mesh = init_device_mesh(self.device_type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=MESH_ORDER)
+        mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        return mesh
+
+    @property
+    def tp_mesh(self) -> DeviceMesh:
+        """The ranks one layer is split across."""
+        return self.mesh["tp"]
+
+    @property
+    def dp_mesh(self) -> DeviceMesh:
+        """The data-parallel ranks of this rank's TP position (flattened ``dp_replicate x dp_shard``)."""
+        return self.mesh["dp"]
+
+    @property
+    def fsdp_mesh(self) -> DeviceMesh:
+        """What ``fully_shard`` spans: 1-D ``dp_shard`` without replicas, else 2-D ``(dp_replicate, dp_shard)``."""
+        if self.dp_replicate == 1:
+            return self.mesh["dp_shard"]
+        return self.mesh["dp_replicate", "dp_shard"]
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup:
+        """The process group of :attr:`dp_mesh` (gathers of evaluation results, item counts)."""
+        return self.dp_mesh.get_group()
+
+    def describe(self) -> str:
+        """``dp_replicate=2 x dp_shard=1 x tp=2`` and the strategy that amounts to."""
+        kind = ("TP x " if self.tp > 1 else "") + (
+            "HSDP" if self.dp_replicate > 1 and self.dp_shard > 1 else "FSDP" if self.dp_shard > 1 else
+            "DDP" if self.dp_replicate > 1 else "one data replica")
+        return f"dp_replicate={self.dp_replicate} x dp_shard={self.dp_shard} x tp={self.tp} ({kind})"
