@@ -72,6 +72,10 @@ class EngineConfig:
     deepspeed: DeepSpeedSettings | None = None
     """A DeepSpeed config, translated (config/deepspeed.py): its ZeRO stage, precision and accumulation are
     already in the fields above; the rest (clipping, optimizer/scheduler blocks, batch sizes) is here."""
+    elastic: bool = False
+    """The launcher runs an elastic job (``num_machines MIN:MAX``): the workers restart on every membership change,
+    also where no worker failed, so a run resumes from its latest checkpoint by itself (and starts afresh when
+    there is none yet) with the same global batch."""
     provenance: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
     """Where each value came from, keyed by field name and ``fsdp.<option>``."""
     notices: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -116,13 +120,14 @@ def _shown(name: str, value: Any) -> Any:
 
 
 _FIELDS = ("mixed_precision", "gradient_accumulation_steps", "use_cpu", "collective_timeout", "fsdp", "dynamo",
-           "deepspeed")
+           "deepspeed", "elastic")
 _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "mixed_precision": parse_mixed_precision,
     "gradient_accumulation_steps": lambda value, where: to_int("gradient_accumulation_steps", value, where, minimum=1),
     "use_cpu": lambda value, where: to_bool("use_cpu", value, where),
     "collective_timeout": lambda value, where: to_positive_float("collective_timeout", value, where),
     "fsdp": lambda value, where: to_bool("fsdp", value, where),
+    "elastic": lambda value, where: to_bool("elastic", value, where),
     "dynamo": lambda value, where: value if value is not None and value.enabled else None,
 }
 # EngineConfig key -> LaunchConfig key, for the keys the launcher hands over as they are.
@@ -176,8 +181,16 @@ def _deepspeed_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     return {key: Setting(value, f"{source} (DeepSpeed)") for key, value in values.items()}
 
 
+def _elastic_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    if not launch.elastic:
+        return {}
+    source = launcher_source(launch.source_of("min_machines"), "num_machines")
+    return {"elastic": Setting(True, f"{source} {launch.machine_range}")}
+
+
 LAUNCHER_MAPPINGS: list[Callable[[LaunchConfig], dict[str, Setting]]] = [
-    _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings]
+    _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings,
+    _elastic_launch_settings]
 """How the launcher's config becomes settings: one function per section (add DeepSpeed's here)."""
 
 

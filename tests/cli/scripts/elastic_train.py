@@ -57,7 +57,9 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.99 ** step)
 loader = DataLoader(Examples(), batch_size=2, shuffle=True)
 model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-if (out / "run" / "checkpoints").is_dir():  # a restart, or a machine joining a running job: continue from the latest
+# In an elastic job load_state() takes the latest checkpoint, or none on the very first start (a restart or a
+# machine joining continues the run); the fixed reference run has no checkpoint to load at its start.
+if accelerator.config.elastic or (out / "run" / "checkpoints").is_dir():
     accelerator.load_state()
 attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 rank, world = accelerator.process_index, accelerator.num_processes

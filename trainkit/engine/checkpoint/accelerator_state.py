@@ -30,7 +30,7 @@ from . import model_state, state_io
 from .atomic import atomic_checkpoint, rotate_checkpoints, verify_checkpoint
 from .errors import CheckpointMismatchError
 from .global_batch import BatchShape, Rescale, keep_global_batch, saved_batch_shape
-from .resume_folder import ACCELERATOR_CONVENTION, find_resume_folder
+from .resume_folder import ACCELERATOR_CONVENTION, elastic_reason, find_resume_folder
 from .rng import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:  # the Accelerator imports this module lazily; its type is all that is needed here
@@ -156,7 +156,8 @@ def _resolve_input_dir(accelerator: Accelerator, input_dir: str | os.PathLike | 
     if input_dir is None and not automatic:
         raise ValueError("load_state needs an input_dir (or ProjectConfiguration(automatic_checkpoint_naming=True)).")
     run_dir = _project_dir(accelerator, "load_state") if input_dir is None else None
-    return find_resume_folder(input_dir, run_dir, latest_when_unset=True, conventions=[ACCELERATOR_CONVENTION])
+    return find_resume_folder(input_dir, run_dir, latest_when_unset=True, conventions=[ACCELERATOR_CONVENTION],
+                              automatic_reason=elastic_reason(accelerator.config.elastic))
 
 
 def _read_optional(directory: str, name: str) -> Any:
