@@ -39,7 +39,9 @@ def worker_env(device: str = "cpu", **extra: str) -> dict[str, str]:
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"worker_env(device={device!r}): use 'cpu' or 'cuda'.")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINKIT_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    # A cluster's placement (torchrun's PET_*, MASTER_ADDR/PORT) would reach `trainkit launch` as a layer too.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TRAINKIT_", "RANK", "WORLD_SIZE", "LOCAL_", "PET_", "MASTER_ADDR", "MASTER_PORT"))}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),

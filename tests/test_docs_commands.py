@@ -47,6 +47,10 @@ SKIPPED: dict[str, str] = {
     "trainkit launch --config_file recipes/configs/multinode.yaml --machine_rank 1 "
     "recipes/imdb/trainer_imdb_finetune.py": "two machines",
     "trainkit launch --num_machines 2 --machine_rank 0": "two machines (docs/cli.md shows both side by side)",
+    "PET_NNODES=2 PET_NPROC_PER_NODE=1 PET_NODE_RANK=": "two launchers at once, one per machine; "
+                                                       "tests/cli/test_cluster_env.py runs exactly these on loopback",
+    "trainkit launch --num_machines 1:2 --max_restarts 3": "two machines, one leaving and rejoining; "
+                                                           "tests/cli/test_elastic_launch.py runs these on loopback",
     ".venv/bin/python benchmarks/": "a benchmark: minutes of CPU, run by hand (benchmarks/README.md)",
     "python benchmarks/fsdp_step_memory.py --device cuda": "a benchmark on a GPU (docs/fsdp.md's figures for CUDA)",
 }

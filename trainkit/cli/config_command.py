@@ -20,6 +20,7 @@ from trainkit.config.engine import PRECEDENCE, resolve_engine_config
 
 from .config_flags import FLAG_SOURCE, add_config_flags, config_layers, describe_source, flags_to_mapping
 from .config_questions import Asker, ask_launch_config
+from .torchrun_env import is_env_source, override_notice
 
 HELP = "Write a launch config file (interactive, or --default), or --show the resolved configuration."
 
@@ -55,7 +56,12 @@ def show(args: argparse.Namespace) -> int:
     """Print every resolved value with its source, then the unused keys."""
     layers = config_layers(args)
     config = LaunchConfig.resolve(layers)
-    order = " < ".join(["defaults"] + ["flags" if source == FLAG_SOURCE else source for _, source in layers])
+    labels = ["defaults"]
+    for _, source in layers:
+        label = "flags" if source == FLAG_SOURCE else "environment" if is_env_source(source) else source
+        if label != labels[-1]:
+            labels.append(label)
+    order = " < ".join(labels)
     print(f"Resolved launch configuration ({order}):")
     for line in format_config(config):
         print(line)
@@ -63,9 +69,9 @@ def show(args: argparse.Namespace) -> int:
           f"{' > '.join(PRECEDENCE)}):")
     for line in resolve_engine_config(launch=config).describe():
         print(f"  - {line}")
-    notice = config.unused_keys_notice()
-    if notice:
-        print(notice)
+    for notice in (config.unused_keys_notice(), override_notice(layers)):
+        if notice:
+            print(notice)
     accelerate_file = accelerate_default_config_path()
     if not default_config_path().is_file() and args.config_file is None and accelerate_file.is_file():
         print(f"note: Accelerate's default config {accelerate_file} is not read implicitly; "

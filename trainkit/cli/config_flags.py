@@ -1,7 +1,8 @@
 """The configuration flags shared by `trainkit launch` and `trainkit config`, and their resolution.
 
 Flags carry Accelerate's names. Every flag defaults to None so that only the flags a user typed become
-the top layer of the resolution: defaults < default config file < --config_file < SLURM (under srun) < flags.
+the top layer of the resolution: defaults < default config file < --config_file < the cluster's
+environment (torchrun's PET_* and MASTER_ADDR/MASTER_PORT, Kubeflow) < SLURM (under srun) < flags.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from trainkit.config.parallelism import LAUNCH_PREFIX as PARALLELISM_PREFIX
 from trainkit.config.fsdp import ALIASES as FSDP_ALIASES
 
 from .slurm import slurm_layer
+from .torchrun_env import torchrun_env_layers
 
 FLAG_SOURCE = "flag"
 # Accelerate's launcher flags with other spellings of an FSDP option (config.fsdp.ALIASES), and its
@@ -33,11 +35,13 @@ _EXTRA_FSDP_FLAGS = ("backward_prefetch_policy", "reshard_after_forward", "versi
 # Flags that map straight onto a LaunchConfig key of the same name, with their argparse type and help.
 _PLAIN_FLAGS: dict[str, tuple[Any, str]] = {
     "num_processes": (int, "Total processes over all machines (as in Accelerate)."),
-    "num_machines": (int, "Number of machines (nodes)."),
+    "num_machines": (str, "Number of machines (nodes), or MIN:MAX for an elastic job (c10d rendezvous; machines "
+                     "may leave and join, the workers resume with the same global batch)."),
     "machine_rank": (int, "This machine's rank, 0 .. num_machines-1."),
     "main_process_ip": (str, "Address of machine 0 (multi-machine jobs)."),
     "main_process_port": (int, "Rendezvous port on machine 0 (default: a free port on one machine, 29500 on several)."),
     "rdzv_backend": (str, f"Rendezvous backend for several machines: {', '.join(RDZV_BACKENDS)}."),
+    "rdzv_conf": (str, "Extra c10d rendezvous options, key=value,... (e.g. last_call_timeout=5)."),
     "max_restarts": (int, "Restart the whole worker group up to K times after a failure."),
     "monitor_interval": (float, "Seconds between checks of worker health."),
     "mixed_precision": (str, f"Mixed precision: {', '.join(MIXED_PRECISIONS)}."),
@@ -180,6 +184,7 @@ def config_layers(args: argparse.Namespace, *, read_default_file: bool = True) -
         layers.append((read_mapping_file(default_path), str(default_path)))
     if explicit is not None:
         layers.append((read_mapping_file(explicit), str(explicit)))
+    layers.extend(torchrun_env_layers())
     slurm = slurm_layer()
     if slurm is not None:
         layers.append(slurm)
@@ -202,5 +207,5 @@ def _same_file(a: str, b: os.PathLike[str]) -> bool:
 def describe_source(source: str, key: str) -> str:
     """Human wording of a provenance label: a flag is shown as the flag the user typed."""
     if source == FLAG_SOURCE:
-        return f"flag --{key.split('.')[-1]}"
+        return "flag --num_machines MIN:MAX" if key == "min_machines" else f"flag --{key.split('.')[-1]}"
     return source

@@ -20,10 +20,11 @@ from typing import Any
 from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handoff
 from trainkit.config.preemption import PREEMPTION_REPORT_ENV
 
-from .config_flags import add_config_flags, resolve_config
+from .config_flags import add_config_flags, config_layers, resolve_config
 from .launch_settings import agent_settings_given, no_effect_notice
 from .signal_relay import SignalRelay, can_find_children
 from .torchrun_compat import SignalPlan, installed_torchrun_options, plan_signals, unknown_options
+from .torchrun_env import RDZV_ID_VARIABLE, override_notice, undecidable_notice
 from .worker import LAUNCHER_PID_ENV
 
 HELP = "Launch a training script on N processes (torchrun underneath), with Accelerate's flags and config files."
@@ -64,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         _check_gpus(config, torch)
     else:
         gpus = None  # no torch import for one process: the notice asks a torch-free probe
-    for notice in (config.unused_keys_notice(), no_effect_notice(config, single_process=single, gpus=gpus)):
+    notices = (config.unused_keys_notice(), no_effect_notice(config, single_process=single, gpus=gpus),
+               override_notice(config_layers(args)), undecidable_notice(), elastic_notice(config))
+    for notice in notices:
         if notice:
             print(notice, file=sys.stderr)
     handoff = write_launch_handoff(config, _handoff_path(config))
@@ -73,6 +76,14 @@ def run(args: argparse.Namespace) -> int:
     if single:
         _exec_single_process(args)  # does not return
     return _run_torchrun(config, args)
+
+
+def elastic_notice(config: LaunchConfig) -> str | None:
+    """One line for an elastic job that cannot survive a machine leaving (no restarts allowed), else None."""
+    if config.elastic and config.max_restarts == 0:
+        return (f"trainkit launch: num_machines {config.machine_range} with max_restarts 0: machines may join, but "
+                "one leaving ends the job; pass --max_restarts K to let the others continue.")
+    return None
 
 
 def _check_gpus(config: LaunchConfig, torch: Any) -> None:
@@ -140,7 +151,7 @@ def torchrun_arguments(config: LaunchConfig, args: argparse.Namespace, options: 
     """
     known = installed_torchrun_options() if options is None else options
     argv = [
-        "--nnodes", str(config.num_machines),
+        "--nnodes", config.machine_range,
         "--nproc_per_node", str(config.processes_per_machine),
         "--max_restarts", str(config.max_restarts),
         "--monitor_interval", str(config.monitor_interval),
@@ -177,7 +188,8 @@ def _rendezvous_arguments(config: LaunchConfig) -> list[str]:
         # One machine: torchrun's c10d rendezvous on loopback; port 0 lets the OS pick a free one,
         # so concurrent jobs never collide.
         port = config.main_process_port or 0
-        return ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "trainkit"]
+        loopback = ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "trainkit"]
+        return loopback + (["--rdzv_conf", config.rdzv_conf] if config.rdzv_conf else [])
     address = config.main_process_ip
     if not address:
         from trainkit.config import ConfigError
@@ -193,10 +205,19 @@ def _rendezvous_arguments(config: LaunchConfig) -> list[str]:
     if backend == "static":
         return ["--rdzv_backend", "static", "--node_rank", str(config.machine_rank),
                 "--master_addr", address, "--master_port", str(port)]
-    # c10d: every machine must name the same run id; machine 0 hosts the store.
-    return ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{address}:{port}",
-            "--rdzv_id", os.environ.get("SLURM_JOB_ID", f"trainkit-{address}-{port}"),
-            "--rdzv_conf", f"is_host={'true' if config.machine_rank == 0 else 'false'}"]
+    # c10d: every machine must name the same run id; machine 0 hosts the store (elastic jobs: it must stay).
+    run_id = (os.environ.get(RDZV_ID_VARIABLE) or os.environ.get("SLURM_JOB_ID") or f"trainkit-{address}-{port}")
+    return ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{address}:{port}", "--rdzv_id", run_id,
+            "--rdzv_conf", _rendezvous_options(config)]
+
+
+def _rendezvous_options(config: LaunchConfig) -> str:
+    """``is_host`` (machine 0 hosts the c10d store) plus the user's ``rdzv_conf``, which wins key by key."""
+    options = {"is_host": "true" if config.machine_rank == 0 else "false"}
+    for pair in filter(None, (part.strip() for part in (config.rdzv_conf or "").split(","))):
+        key, _, value = pair.partition("=")
+        options[key.strip()] = value.strip()
+    return ",".join(f"{key}={value}" for key, value in options.items())
 
 
 def _run_torchrun(config: LaunchConfig, args: argparse.Namespace) -> int:

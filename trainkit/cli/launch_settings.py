@@ -13,6 +13,8 @@ import argparse
 from trainkit.config import LaunchConfig
 from trainkit.config.machine import gpus_probably_present
 
+from .torchrun_env import is_env_source
+
 # `trainkit launch` flags that are torchrun options and nothing else (no config key): given, they act
 # only through the agent. Flags passed through to torchrun belong here too.
 AGENT_ONLY_FLAGS = ("tee", "log_dir")
@@ -40,8 +42,9 @@ def no_effect_notice(config: LaunchConfig, *, single_process: bool, gpus: bool |
         # FSDP says the same from the engine; MULTI_GPU would otherwise fall back to CPU silently.
         reasons.append("distributed_type MULTI_GPU (no GPU found: the processes run on CPU with gloo)")
 
-    def given(name: str) -> bool:
-        return config.source_of(name) != "default" and not config.source_of(name).startswith("derived")
+    def given(name: str) -> bool:  # typed by the user (the cluster's environment sets what it does not use)
+        source = config.source_of(name)
+        return source != "default" and not source.startswith("derived") and not is_env_source(source)
 
     if config.num_machines == 1:
         if given("main_process_ip") and config.main_process_ip:

@@ -77,6 +77,10 @@ class EngineConfig:
     parallelism: ParallelismConfig | None = None
     """The parallel degrees (data replicas x shards x tensor parallel) when a ParallelismConfig was given (the
     script's, or the launcher's ``parallelism_config:`` block), else None. Not yet resolved against the world."""
+    elastic: bool = False
+    """The launcher runs an elastic job (``num_machines MIN:MAX``): the workers restart on every membership change,
+    also where no worker failed, so a run resumes from its latest checkpoint by itself (and starts afresh when
+    there is none yet) with the same global batch."""
     provenance: Mapping[str, str] = dataclasses.field(default_factory=dict, compare=False)
     """Where each value came from, keyed by field name and ``fsdp.<option>``."""
     notices: tuple[str, ...] = dataclasses.field(default=(), compare=False)
@@ -123,7 +127,7 @@ def _shown(name: str, value: Any) -> Any:
 
 
 _FIELDS = ("mixed_precision", "gradient_accumulation_steps", "use_cpu", "collective_timeout", "fsdp", "dynamo",
-           "deepspeed", "parallelism")
+           "deepspeed", "parallelism", "elastic")
 _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "mixed_precision": parse_mixed_precision,
     "gradient_accumulation_steps": lambda value, where: to_int("gradient_accumulation_steps", value, where, minimum=1),
@@ -131,6 +135,7 @@ _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "collective_timeout": lambda value, where: to_positive_float("collective_timeout", value, where),
     # A layer may hand over its whole FSDPOptions as the value of "fsdp" ("on, with these"), see _fsdp_options.
     "fsdp": lambda value, where: True if isinstance(value, FSDPOptions) else to_bool("fsdp", value, where),
+    "elastic": lambda value, where: to_bool("elastic", value, where),
     "dynamo": lambda value, where: value if value is not None and value.enabled else None,
     "parallelism": lambda value, where: parse_parallelism(value, where),
 }
@@ -206,9 +211,16 @@ def _parallelism_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     return {"parallelism": Setting(config, launcher_source(launch.source_of("parallelism_config"), "parallelism_config"))}
 
 
+def _elastic_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    if not launch.elastic:
+        return {}
+    source = launcher_source(launch.source_of("min_machines"), "num_machines")
+    return {"elastic": Setting(True, f"{source} {launch.machine_range}")}
+
+
 LAUNCHER_MAPPINGS: list[Callable[[LaunchConfig], dict[str, Setting]]] = [
     _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings,
-    _parallelism_launch_settings]
+    _parallelism_launch_settings, _elastic_launch_settings]
 """How the launcher's config becomes settings: one function per section (add DeepSpeed's here)."""
 
 

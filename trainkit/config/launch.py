@@ -41,7 +41,7 @@ UNUSED_ACCELERATE_KEYS = frozenset({
 # ``trainkit config`` writes with defaults is still readable by ``accelerate launch`` (it rejects unknown keys).
 TRAINKIT_ONLY_KEYS = (
     "gradient_accumulation_steps", "collective_timeout", "max_restarts", "monitor_interval",
-    "num_cpu_threads_per_process", "preemption_signals", "preemption_grace_period",
+    "num_cpu_threads_per_process", "preemption_signals", "preemption_grace_period", "min_machines", "rdzv_conf",
 )
 
 
@@ -60,7 +60,12 @@ class LaunchConfig:
     num_processes: int = 1
     """Total processes over all machines (as in Accelerate), not per machine."""
     num_machines: int = 1
-    """Machines (nodes) taking part; ``num_processes`` must be a multiple of it."""
+    """Machines (nodes) taking part; ``num_processes`` must be a multiple of it. ``"MIN:MAX"`` (a flag, a file,
+    or ``PET_NNODES``) makes an elastic job: this field takes MAX and ``min_machines`` MIN."""
+    min_machines: int | None = None
+    """Fewest machines an elastic job keeps running on (torchrun's ``--nnodes MIN:MAX``); None = exactly
+    ``num_machines``. Machines may leave and join between MIN and ``num_machines``; each change restarts the
+    workers, which resume from the last checkpoint with the same global batch (docs/clusters.md)."""
     machine_rank: int = 0
     """This machine's rank, 0 .. num_machines-1 (0 hosts the rendezvous)."""
     main_process_ip: str | None = None
@@ -68,7 +73,10 @@ class LaunchConfig:
     main_process_port: int | None = None
     """Port of the rendezvous on machine 0; None = a free port (one machine) or 29500 (several)."""
     rdzv_backend: str = "static"
-    """static | c10d: torchrun's rendezvous backend for several machines."""
+    """static | c10d: torchrun's rendezvous backend for several machines (an elastic job always uses c10d)."""
+    rdzv_conf: str | None = None
+    """Extra rendezvous options for c10d, ``key=value,...`` (torchrun's ``--rdzv_conf``: ``last_call_timeout``,
+    ``join_timeout``, ``close_timeout``, ...); trainkit adds ``is_host`` unless given."""
     same_network: bool = True
     """Accelerate's key; accepted (false has no effect and is listed in ``unused_keys``)."""
     gpu_ids: str | None = "all"
@@ -232,6 +240,7 @@ class LaunchConfig:
             self.main_process_ip = str(self.main_process_ip).strip() or None
         self.rdzv_backend = check_choice("rdzv_backend", self.rdzv_backend or "static", RDZV_BACKENDS,
                                          where=_where(self.provenance, "rdzv_backend"))
+        self.rdzv_conf = _parse_rdzv_conf(self.rdzv_conf, _where(self.provenance, "rdzv_conf"))
         self.gpu_ids = parse_gpu_ids(self.gpu_ids)
         self.main_training_function = str(self.main_training_function or "main")
         self._finish_deepspeed()
@@ -288,6 +297,20 @@ class LaunchConfig:
                                       f"({_where(self.provenance, 'deepspeed_config')})")
 
     def _validate_machines(self) -> None:
+        if self.min_machines is not None:
+            where = _where(self.provenance, "min_machines")
+            self.min_machines = to_int("min_machines", self.min_machines, where, minimum=1)
+            if self.min_machines > self.num_machines:
+                raise ConfigError(f"min_machines {self.min_machines} ({where}) is above num_machines "
+                                  f"{self.num_machines} ({_where(self.provenance, 'num_machines')}).")
+        if self.elastic and self.rdzv_backend != "c10d":
+            backend_source = _where(self.provenance, "rdzv_backend")
+            if backend_source != DEFAULT_SOURCE:
+                raise ConfigError(f"rdzv_backend {self.rdzv_backend!r} ({backend_source}) cannot run an elastic job "
+                                  f"(num_machines {self.machine_range}): machines join and leave only through the "
+                                  "c10d rendezvous; use rdzv_backend c10d or a fixed num_machines.")
+            self.rdzv_backend = "c10d"
+            self.provenance["rdzv_backend"] = f"derived from num_machines {self.machine_range} (elastic)"
         if self.num_processes % self.num_machines:
             raise ConfigError(
                 f"num_processes ({self.num_processes}, {_where(self.provenance, 'num_processes')}) is the total over "
@@ -298,6 +321,16 @@ class LaunchConfig:
                 f"num_machines ({self.num_machines}): machines are numbered 0..{self.num_machines - 1}.")
 
     # ----------------------------------------------------------------------------------------------
+    @property
+    def elastic(self) -> bool:
+        """True when machines may leave and join (``min_machines`` below ``num_machines``)."""
+        return self.min_machines is not None and self.min_machines < self.num_machines
+
+    @property
+    def machine_range(self) -> str:
+        """torchrun's ``--nnodes`` value: ``"N"``, or ``"MIN:MAX"`` for an elastic job."""
+        return f"{self.min_machines}:{self.num_machines}" if self.elastic else str(self.num_machines)
+
     @property
     def processes_per_machine(self) -> int:
         """Workers started on this machine (``num_processes`` is the total over all machines)."""
@@ -368,9 +401,16 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
             block = {"dynamo_backend": value} if key == "dynamo_backend" else value
             merged["dynamo_config"] = {**(merged.get("dynamo_config") or {}), **block}  # merge key by key
             provenance["dynamo_config"] = source
+        elif key == "num_machines" and isinstance(value, str) and ":" in value:
+            minimum, maximum = parse_machine_range(value, source)
+            merged["min_machines"], merged["num_machines"] = minimum, maximum
+            provenance["min_machines"] = provenance["num_machines"] = source
         elif key in known:
             if key == "num_processes" and value in (None, -1):
                 continue  # Accelerate's "not specified"
+            if key == "num_machines" and "min_machines" not in mapping:
+                merged.pop("min_machines", None)  # a plain count replaces a lower layer's MIN:MAX entirely
+                provenance.pop("min_machines", None)
             merged[key] = value
             provenance[key] = source
         elif key in UNUSED_ACCELERATE_KEYS:
@@ -381,6 +421,37 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
                 unused.append(key)
         else:
             raise unknown_key_error(key, known, where=source)
+
+
+def parse_machine_range(value: str, source: str) -> tuple[int, int]:
+    """``"MIN:MAX"`` (torchrun's ``--nnodes`` form) -> (MIN, MAX), or a ConfigError naming the value."""
+    parts = str(value).split(":")
+    if len(parts) != 2:
+        raise ConfigError(f"Invalid value {value!r} for 'num_machines' in {source}: expected an integer "
+                          "or MIN:MAX (an elastic job, e.g. 1:4).")
+    try:
+        minimum, maximum = (to_int("num_machines", part.strip(), source, minimum=1) for part in parts)
+    except ConfigError:
+        raise ConfigError(f"Invalid value {value!r} for 'num_machines' in {source}: MIN and MAX must be "
+                          "integers >= 1 (e.g. 1:4).") from None
+    if minimum > maximum:
+        raise ConfigError(f"Invalid value {value!r} for 'num_machines' in {source}: MIN ({minimum}) is above "
+                          f"MAX ({maximum}).")
+    return minimum, maximum
+
+
+def _parse_rdzv_conf(value: Any, where: str) -> str | None:
+    """``key=value,...`` text (a YAML mapping works too), checked for its shape; None when empty."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        value = ",".join(f"{key}={item}" for key, item in value.items())
+    text = str(value).strip()
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        if "=" not in pair or not pair.split("=", 1)[0].strip():
+            raise ConfigError(f"Invalid value {value!r} for 'rdzv_conf' in {where}: expected key=value pairs "
+                              "separated by commas (e.g. last_call_timeout=5,join_timeout=120).")
+    return text or None
 
 
 def _asks_for_something(value: Any) -> bool:

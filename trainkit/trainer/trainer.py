@@ -282,6 +282,8 @@ class Trainer:
     def _train_once(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         resume_from_checkpoint = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
         train_dataloader = self.get_train_dataloader()
+        if resume_from_checkpoint:  # another world size: the same global batch, before the run's length is planned
+            resume.keep_global_batch_on_resume(self, resume_from_checkpoint, train_dataloader)
         plan = training_plan(train_dataloader, self._accumulation_steps,
                              self.args.max_steps, self.args.num_train_epochs)
         self._setup_training(plan.max_steps)

@@ -29,7 +29,8 @@ from trainkit.engine.data import PreparedDataLoader
 from . import model_state, state_io
 from .async_writer import background_writer, flush_background_writes
 from .errors import CheckpointMismatchError
-from .resume_folder import ACCELERATOR_CONVENTION, find_resume_folder
+from .global_batch import BatchShape, Rescale, keep_global_batch, saved_batch_shape
+from .resume_folder import ACCELERATOR_CONVENTION, elastic_reason, find_resume_folder
 from .rng import capture_rng_state, restore_rng_state
 from .saving import save_checkpoint_folder
 from .storage import checkpoint_io_of
@@ -108,6 +109,8 @@ def write_state_files(accelerator: Accelerator, directory: str, sharded: bool | 
             "step": accelerator.step,
             "iteration": accelerator.project_configuration.iteration,
             "world_size": accelerator.num_processes,
+            "gradient_accumulation_steps": accelerator.gradient_accumulation_steps,
+            "scheduler_steps_per_call": [scheduler.steps_per_call for scheduler in prepared.schedulers],
             "counts": {"schedulers": len(prepared.schedulers), "dataloaders": len(loaders),
                        "custom_objects": len(prepared.custom_objects)},
             **layout,
@@ -168,7 +171,8 @@ def _resolve_input_dir(accelerator: Accelerator, input_dir: str | os.PathLike | 
     if input_dir is None and not automatic:
         raise ValueError("load_state needs an input_dir (or ProjectConfiguration(automatic_checkpoint_naming=True)).")
     run_dir = _project_dir(accelerator, "load_state") if input_dir is None else None
-    return find_resume_folder(input_dir, run_dir, latest_when_unset=True, conventions=[ACCELERATOR_CONVENTION])
+    return find_resume_folder(input_dir, run_dir, latest_when_unset=True, conventions=[ACCELERATOR_CONVENTION],
+                              automatic_reason=elastic_reason(accelerator.config.elastic))
 
 
 def _read_optional(directory: str, name: str) -> Any:
@@ -191,14 +195,16 @@ def _check_counts(info: dict[str, Any], prepared: PreparedObjects, loaders: list
 
 def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLike | None = None, *,
                            verify_checksums: bool = True, dataloaders: Sequence[PreparedDataLoader] | None = None,
-                           **_ignored: Any) -> str | None:
+                           keep_global_batch: bool = True, **_ignored: Any) -> str | None:
     """Collective: restore everything :func:`save_accelerator_state` wrote; return the folder loaded.
 
     With no ``input_dir`` and automatic naming, the newest complete checkpoint is used (incomplete
     ones are skipped with a warning); none is an error, except after a torchelastic restart (the
     unchanged script running again), where it is logged and nothing is loaded (returns None).
     Nothing is changed unless the whole checkpoint is sound. Dataloaders get their epoch back, and
-    their position inside it when they resume mid-epoch (``use_stateful_dataloader``).
+    their position inside it when they resume mid-epoch (``use_stateful_dataloader``). On another world size
+    the accumulation is rescaled to keep the global batch (:mod:`.global_batch`; ``keep_global_batch=False``:
+    the caller owns the accumulation and does it itself, as the Trainer does).
     """
     flush_background_writes(accelerator)  # a save still in flight is finished (and visible) before anything is read
     directory = _resolve_input_dir(accelerator, input_dir)
@@ -225,6 +231,7 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     scaler = _read_optional(directory, "scaler")
     customs = [state_io.load_state(directory, f"custom_checkpoint_{i}") for i in range(len(prepared.custom_objects))]
     rng = _read_rng(directory, accelerator.process_index, int(info["world_size"]))
+    rescale = _global_batch_rescale(accelerator, directory, tracked_loaders) if keep_global_batch else None
 
     # ... then apply it.
     for item in pending:
@@ -237,6 +244,8 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
         accelerator.precision.load_state_dict(scaler)
     for obj, state in zip(prepared.custom_objects, customs):
         obj.load_state_dict(state)
+    if rescale is not None:
+        _apply_rescale(accelerator, rescale, info.get("scheduler_steps_per_call"))
     accelerator.step = int(info.get("step", 0))
     if accelerator.project_configuration.automatic_checkpoint_naming:
         accelerator.project_configuration.iteration = int(info.get("iteration", 0)) + 1
@@ -244,6 +253,28 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     if accelerator.is_main_process:
         logger.info("Loaded checkpoint %s", directory)
     return directory
+
+
+def _global_batch_rescale(accelerator: Accelerator, directory: str,
+                          loaders: Sequence[PreparedDataLoader]) -> Rescale | None:
+    """The accumulation that keeps the checkpoint's global batch here (None: nothing to change), refused early."""
+    saved = saved_batch_shape(directory)
+    if saved is None or not loaders:
+        return None
+    current = BatchShape(accelerator.num_processes, loaders[0].global_batch_size, accelerator.gradient_accumulation_steps)
+    return keep_global_batch(saved, current, directory)
+
+
+def _apply_rescale(accelerator: Accelerator, rescale: Rescale, scheduler_steps: list[int] | None) -> None:
+    """Use the rescaled accumulation (with its provenance), and step the schedulers as often per optimizer step as
+    the saved run did, so the learning-rate schedule continues too; say what changed."""
+    previous = accelerator.gradient_accumulation_steps
+    accelerator.gradient_accumulation_steps = rescale.accumulation
+    accelerator.config = accelerator.config.replace(rescale.source, gradient_accumulation_steps=rescale.accumulation)
+    for scheduler, steps in zip(accelerator.prepared.schedulers, scheduler_steps or []):
+        scheduler.steps_per_call = int(steps)
+    if accelerator.is_main_process:
+        logger.warning("trainkit: %s", rescale.describe(previous, accelerator.num_processes))
 
 
 def _read_rng(directory: str, rank: int, saved_world: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from trainkit.config.engine import EngineConfig
     from trainkit.engine.api.prepared import PreparedObjects
     from trainkit.engine.strategies.base import Strategy
     from trainkit.utils.dataclasses import ProjectConfiguration
@@ -20,6 +21,10 @@ class CheckpointedAccelerator(Protocol):
 
     step: int
     """Saved and restored with the state (Accelerate's automatic-naming counter)."""
+    gradient_accumulation_steps: int
+    """Recorded with the global batch; rescaled on load where the world size changed (elastic resume)."""
+    config: EngineConfig
+    """The resolved settings (replaced, with provenance, when a resume rescales accumulation)."""
 
     @property
     def strategy(self) -> Strategy:

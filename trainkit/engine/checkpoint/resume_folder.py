@@ -36,6 +36,13 @@ ACCELERATOR_CONVENTION = FolderConvention("checkpoints", "checkpoint_")
 ALL_CONVENTIONS = (TRAINER_CONVENTION, ACCELERATOR_CONVENTION)
 
 
+def elastic_reason(elastic: bool) -> str | None:
+    """The automatic-resume reason of an elastic job (``EngineConfig.elastic``), else None. torchelastic restarts
+    its workers on a membership change without counting a restart, and a joining machine's workers start at
+    count 0, so in an elastic job every start of the script may be a continuation."""
+    return "Elastic job (machines may have left or joined)" if elastic else None
+
+
 def restart_count() -> int:
     """How many times torchelastic restarted this job's workers (``TORCHELASTIC_RESTART_COUNT``; 0 outside it)."""
     try:

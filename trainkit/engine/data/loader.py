@@ -218,6 +218,8 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         Collective for a stream (every rank's readers are gathered): call it on every process.
         """
         state: dict[str, Any] = {**self.progress.state_dict(), "seed": self.seed}
+        if self.global_batch_size:  # lets a resume on another world size keep the global batch (checkpoint/global_batch.py)
+            state["global_batch_size"] = self.global_batch_size
         if self.is_stream:
             state["stream"] = self._stream.state_dict(self.progress.epoch)
         if self.synced_generator is not None:

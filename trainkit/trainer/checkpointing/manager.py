@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainkit.engine.checkpoint import CorruptedCheckpointError, IncompleteCheckpointError, rotate_checkpoints
 from trainkit.engine.checkpoint.atomic import decide_on_rank0
-from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, find_resume_folder
+from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, elastic_reason, find_resume_folder
 
 from . import files as checkpoints
 from . import preemption, resume
@@ -70,7 +70,7 @@ class CheckpointManager:
             except FileNotFoundError:
                 raise ValueError(f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint.") from None
             return self._verified
-        reason = None
+        reason = elastic_reason(self.trainer.accelerator.config.elastic)
         if requested is None and decide_on_rank0("look for a preemption marker",
                                                  lambda: preemption.was_preempted(output_dir)):
             reason = f"The previous run in {output_dir} was stopped by a preemption signal"

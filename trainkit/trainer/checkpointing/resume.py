@@ -13,13 +13,15 @@ batches itself.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from trainkit.engine.checkpoint.global_batch import BatchShape, keep_global_batch, saved_batch_shape
 from trainkit.engine.data import PreparedDataLoader
 
-from .files import TRAINER_STATE_NAME, has_engine_state, load_model_weights, training_loaders
+from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, has_engine_state, load_model_weights, training_loaders
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import CheckpointedTrainer as Trainer
@@ -51,7 +53,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     if has_engine_state(folder):
         # Verifies the manifest first; nothing is half-loaded.
         trainer.accelerator.load_state(folder, dataloaders=training_loaders(train_dataloader),
-                                       verify_checksums=verify_checksums)
+                                       verify_checksums=verify_checksums, keep_global_batch=False)
         position_restored = isinstance(train_dataloader, PreparedDataLoader) and train_dataloader.resume_mid_epoch
     else:
         if trainer.accelerator.is_main_process:
@@ -69,6 +71,30 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     if position_restored or not steps_per_epoch:
         return ResumePoint(steps_done, 0)  # the loader continues at its next sample by itself
     return ResumePoint(steps_done, steps_done * trainer.accelerator.config.gradient_accumulation_steps)
+
+
+def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader: Any) -> None:
+    """Before the run is planned: on another world size than ``folder`` was saved on, rescale the run's
+    accumulation (``accelerator.config``; the arguments stay as written) so the global batch stays
+    (engine/checkpoint/global_batch.py decides, and refuses where it does not divide); says what changed."""
+    args_path = os.path.join(folder, TRAINING_ARGS_NAME)
+    if not os.path.isfile(args_path):
+        return
+    with open(args_path, encoding="utf-8") as handle:
+        saved_accumulation = json.load(handle).get("gradient_accumulation_steps")
+    saved = saved_batch_shape(folder, accumulation=saved_accumulation)
+    if saved is None or saved_accumulation is None:
+        return
+    args, accelerator = trainer.args, trainer.accelerator
+    current = BatchShape(accelerator.num_processes, getattr(train_dataloader, "global_batch_size", None),
+                         accelerator.config.gradient_accumulation_steps)
+    rescale = keep_global_batch(saved, current, folder)
+    if rescale is None:
+        return
+    previous = accelerator.config.gradient_accumulation_steps
+    accelerator.config = accelerator.config.replace(rescale.source, gradient_accumulation_steps=rescale.accumulation)
+    if accelerator.is_main_process:
+        logger.warning("trainkit: %s", rescale.describe(previous, accelerator.num_processes))
 
 
 def _adopt_state(trainer: Trainer, loaded: Any) -> None:
