@@ -52,6 +52,7 @@ def train(out_dir: str, resume_from: str | None = None,
     ``kill_at``: rank 1 kills its own process (SIGKILL) at that step, once (a marker file remembers it).
     """
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator()
     set_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))

@@ -1,18 +1,21 @@
-"""Run tests/cluster/scripts/{accelerate_loop,trainer_script}.py inside a Ray Train ``TorchTrainer`` on CPU.
+"""Run tests/cluster/scripts/{accelerate_loop,trainer_script}.py inside Ray Train ``TorchTrainer`` runs on CPU.
 
-``python ray_driver.py {accelerate,trainer} OUT_DIR [--kill_at STEP]``: ``ray.init(num_cpus=2)``, two CPU workers,
-``FailureConfig(max_failures=1)``, checkpoints kept under ``OUT_DIR/ray``. With ``--kill_at``, rank 1 kills its
-own process at that step of the first attempt; Ray restarts both workers, which resume from
-``ray.train.get_checkpoint()``. Writes ``OUT_DIR/ray_result.json``: the final metrics and, for every
-checkpoint Ray kept, its metrics and file names.
+``python ray_driver.py OUT_DIR RUN [RUN ...]``, a RUN being ``accelerate`` or ``trainer``, optionally followed by
+``:kill=STEP``: one ``ray.init(num_cpus=2)``, then for each RUN a ``TorchTrainer`` with two CPU workers and
+``FailureConfig(max_failures=1)`` writing into ``OUT_DIR/<RUN>``. With ``kill=STEP``, rank 1 kills its own process
+(SIGKILL) at that step of the first attempt; Ray restarts both workers, which resume from
+``ray.train.get_checkpoint()`` (each records the folder in ``resumed_from.txt``). Each run writes
+``ray_result.json``: the final metrics and, for every checkpoint Ray kept, its path and metrics.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import os
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import ray
@@ -20,59 +23,75 @@ import ray.train
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+# Ray adds the driver's folder to its workers' import path too, so they find the two scripts.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@contextlib.contextmanager
+def ray_checkpoint_folder(inner: str = "") -> Iterator[str | None]:
+    """The folder of the checkpoint Ray hands a restarted worker (None on the first attempt)."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        yield None
+        return
+    with checkpoint.as_directory() as folder:
+        yield os.path.join(folder, inner) if inner else folder
+
+
+def _note_resume(out: str, folder: str | None) -> None:
+    if folder is not None:
+        with open(os.path.join(out, "resumed_from.txt"), "a") as f:
+            f.write(f"{ray.train.get_context().get_world_rank()} {folder}\n")
 
 
 def accelerate_worker(config: dict) -> None:
     import accelerate_loop
-
-    checkpoint = ray.train.get_checkpoint()
 
     def report(folder: str, step: int, loss: float) -> None:
         # The folder is on a disk every worker shares here, so rank 0 hands it to Ray (Ray's own pattern).
         shared = Checkpoint.from_directory(folder) if ray.train.get_context().get_world_rank() == 0 else None
         ray.train.report({"step": step, "loss": loss}, checkpoint=shared)
 
-    if checkpoint is None:
-        accelerate_loop.train(config["out"], on_checkpoint=report, kill_at=config["kill_at"])
-    else:
-        with checkpoint.as_directory() as folder:
-            accelerate_loop.train(config["out"], resume_from=folder, on_checkpoint=report, kill_at=config["kill_at"])
+    with ray_checkpoint_folder() as resume_from:
+        _note_resume(config["out"], resume_from)
+        accelerate_loop.train(config["out"], resume_from=resume_from, on_checkpoint=report, kill_at=config["kill_at"])
 
 
 def trainer_worker(config: dict) -> None:
     import trainer_script
     from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
 
-    checkpoint = ray.train.get_checkpoint()
-    options = dict(callbacks=[RayTrainReportCallback()], prepare=prepare_trainer, kill_at=config["kill_at"])
-    if checkpoint is None:
-        trainer_script.train(config["out"], **options)
-    else:
-        with checkpoint.as_directory() as folder:
-            trainer_script.train(config["out"], resume_from=os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME),
-                                 **options)
+    with ray_checkpoint_folder(RayTrainReportCallback.CHECKPOINT_NAME) as resume_from:
+        _note_resume(config["out"], resume_from)
+        trainer_script.train(config["out"], callbacks=[RayTrainReportCallback()], prepare=prepare_trainer,
+                             resume_from=resume_from, kill_at=config["kill_at"])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("workload", choices=["accelerate", "trainer"])
-    parser.add_argument("out")
-    parser.add_argument("--kill_at", type=int, default=None)
-    options = parser.parse_args()
-    out = Path(options.out).resolve()
+def run(out: Path, spec: str) -> None:
+    workload, _, option = spec.partition(":")
+    kill_at = int(option.removeprefix("kill=")) if option else None
     out.mkdir(parents=True, exist_ok=True)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    started = time.perf_counter()
     trainer = TorchTrainer(
-        accelerate_worker if options.workload == "accelerate" else trainer_worker,
-        train_loop_config={"out": str(out), "kill_at": options.kill_at},
+        {"accelerate": accelerate_worker, "trainer": trainer_worker}[workload],
+        train_loop_config={"out": str(out), "kill_at": kill_at},
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
         run_config=RunConfig(storage_path=str(out / "ray"), name="run", failure_config=FailureConfig(max_failures=1)),
     )
     result = trainer.fit()
-    kept = [{"metrics": metrics, "files": sorted(os.listdir(ckpt.path))} for ckpt, metrics in result.best_checkpoints]
-    (out / "ray_result.json").write_text(json.dumps({"metrics": result.metrics, "checkpoints": kept}, default=str))
-    ray.shutdown()
+    kept = [{"path": ckpt.path, "metrics": metrics} for ckpt, metrics in result.best_checkpoints]
+    (out / "ray_result.json").write_text(json.dumps(
+        {"metrics": result.metrics, "checkpoints": kept, "seconds": time.perf_counter() - started}, default=str))
+
+
+def main() -> None:
+    out, specs = Path(sys.argv[1]).resolve(), sys.argv[2:]
+    ray.init(num_cpus=2, include_dashboard=False)
+    try:
+        for spec in specs:
+            run(out / spec.replace(":", "-").replace("=", ""), spec)
+    finally:
+        ray.shutdown()
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ def train(out_dir: str, callbacks: list | None = None, prepare: Callable[[Traine
           resume_from: str | None = None, kill_at: int | None = None) -> Trainer:
     """Train MAX_STEPS steps, saving every SAVE_STEPS into ``out_dir/run``."""
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     args = TrainingArguments(output_dir=str(out / "run"), per_device_train_batch_size=4, learning_rate=0.05,
                              max_steps=MAX_STEPS, logging_steps=1, save_steps=SAVE_STEPS, lr_scheduler_type="constant",
                              optim="sgd", seed=0, report_to="none", dataloader_num_workers=0)
