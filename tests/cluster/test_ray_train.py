@@ -19,16 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import REPO, free_port, worker_env
-from trainkit.engine.checkpoint.atomic import verify_checkpoint
-
 try:
     import ray.train.torch  # noqa: F401
 except ImportError:
     pytest.skip("Ray Train is not installed (pip install 'trainkit[ray]'); the Ray Train tests need it.",
                 allow_module_level=True)
 
-pytestmark = pytest.mark.multiprocess
+from tests.distributed import REPO, free_port, worker_env  # noqa: E402
+from trainkit.engine.checkpoint.atomic import verify_checkpoint  # noqa: E402
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 SCRIPTS = Path(__file__).parent / "scripts"
 KILL_AT = 12  # after the checkpoints of steps 5 and 10, before the one of step 15
