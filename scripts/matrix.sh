@@ -26,9 +26,9 @@ case "$cell" in
     # Left to the main job for time: the trainer's resume-at-every-step tests, the two slowest recipes and the
     # FSDP strategy matrix (FSDP through the launcher is still run: the FSDP YAML launch and the sharded recipe).
     tests=(tests/cli/test_cli_launch.py tests/cli/test_torchrun_compat.py tests/cli/test_preemption_settings.py
-           tests/cli/test_cli_units.py tests/trainer/test_preemption_processes.py tests/engine/test_preemption_engine.py
-           tests/engine/test_checkpoint_units.py tests/engine/test_checkpoint_processes.py
-           tests/trainer/test_checkpoints_processes.py tests/recipes/test_recipes.py tests/engine/test_fsdp_options.py
+           tests/cli/test_cli_units.py tests/trainer/test_preemption_processes.py tests/engine/process/test_preemption_engine.py
+           tests/engine/checkpoint/test_checkpoint_units.py tests/engine/checkpoint/test_checkpoint_processes.py
+           tests/trainer/test_checkpoints_processes.py tests/recipes/test_recipes.py tests/engine/strategies/fsdp/test_fsdp_options.py
            tests/trainer/test_arguments.py
            -k "not test_imdb_trainer_with_the_fsdp_config_verbatim and not test_plain_and_accelerator_mnist_loops_reach")
     ;;
@@ -37,7 +37,7 @@ case "$cell" in
     # unit tests of every layer, the datasets-based ones, and one launch; no long multi-process chains.
     python=$(python_of 3.10) specs=(torch==2.11.0 transformers==5.1.0 datasets==4.0.0 evaluate==0.4.6)
     tests=(tests/config tests/cli/test_cli_units.py tests/cli/test_torchrun_compat.py tests/cli/test_preemption_settings.py
-           tests/engine/test_checkpoint_units.py tests/engine/test_accelerator_unit.py tests/engine/test_fsdp_options.py
+           tests/engine/checkpoint/test_checkpoint_units.py tests/engine/test_accelerator_unit.py tests/engine/strategies/fsdp/test_fsdp_options.py
            tests/trainer/test_arguments.py tests/test_architecture.py tests/recipes/test_synthetic_data.py
            tests/trainer/test_stream_units.py
            "tests/cli/test_cli_launch.py::test_two_processes_with_flags_overriding_the_file")

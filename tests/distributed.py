@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+ENGINE_WORKERS = REPO / "tests" / "engine" / "workers"
+"""The scripts the engine tests run in worker processes (one folder for every engine test sub-folder)."""
 
 
 def free_port() -> int:

@@ -41,7 +41,8 @@ class LocalSGD:
     def __exit__(self, *exc_info: Any) -> None:
         if self.enabled:
             self._average_parameters()  # leave the block with identical replicas
-            self._no_sync.__exit__(*exc_info)
+            if self._no_sync is not None:  # set by __enter__ whenever enabled
+                self._no_sync.__exit__(*exc_info)
             self._no_sync = None
 
     def step(self) -> None:

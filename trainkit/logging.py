@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import MutableMapping
 from typing import Any
 
 
@@ -31,7 +32,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         if not main_process_only or rank == 0:
             self._emit(level, msg, args, kwargs)
 
-    def _emit(self, level: int, msg: Any, args: tuple, kwargs: dict) -> None:
+    def _emit(self, level: int, msg: Any, args: tuple, kwargs: MutableMapping[str, Any]) -> None:
         msg, kwargs = self.process(msg, kwargs)
         self.logger.log(level, msg, *args, **kwargs)
 

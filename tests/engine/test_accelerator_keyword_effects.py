@@ -123,12 +123,12 @@ def p_engine_config(tmp_path):
 
 PROOFS: dict[str, Any] = {
     "mixed_precision": p_mixed_precision, "gradient_accumulation_steps": p_accumulation, "cpu": p_cpu,
-    "fsdp_plugin": "engine/test_fsdp_processes.py::test_strategy_matches_ddp",
+    "fsdp_plugin": "engine/strategies/fsdp/test_fsdp_processes.py::test_strategy_matches_ddp",
     "dataloader_config": p_dataloader_config, "log_with": p_log_with, "project_dir": p_project,
     "project_config": p_project, "step_scheduler_with_optimizer": p_step_scheduler,
     "kwargs_handlers": p_kwargs_handlers, "device_placement": p_device_placement,
     "split_batches": p_dataloader_config, "even_batches": p_dataloader_config, "dynamo_backend": p_dynamo,
-    "dynamo_plugin": p_dynamo, "deepspeed_plugin": "engine/test_deepspeed_processes.py::test_each_stage_trains_like_ddp",
+    "dynamo_plugin": p_dynamo, "deepspeed_plugin": "engine/strategies/test_deepspeed_processes.py::test_each_stage_trains_like_ddp",
     "megatron_lm_plugin": p_megatron, "gradient_accumulation_plugin": p_accumulation, "rng_types": p_rng_types,
     "engine_config": p_engine_config, "torch_tp_plugin": p_parallelism, "parallelism_config": p_parallelism,
     "deepspeed_plugins": p_parallelism,

@@ -18,8 +18,8 @@ from tests.distributed import REPO, worker_env
 from tests.trainer.checkpoint_workload import final_weights, make_trainer
 from trainkit import Accelerator, TrainingArguments
 from trainkit.engine.process.devices import DEVICE_TYPES
-from trainkit.engine.precision.amp import PRECISION_DEVICES, PRECISIONS
-from trainkit.engine.tracking import _OPTIONAL, TRACKER_NAMES
+from trainkit.engine.precision.registry import PRECISION_DEVICES, PRECISIONS
+from trainkit.engine.tracking import OPTIONAL_TRACKERS as _OPTIONAL, TRACKER_NAMES
 
 pytestmark = pytest.mark.timeout(240)
 INSTALLED = [name for name in TRACKER_NAMES if name == "jsonl" or _OPTIONAL[name][1]()]

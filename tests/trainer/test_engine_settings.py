@@ -26,7 +26,7 @@ def test_fields_the_script_set_are_explicit(tmp_path) -> None:
     settings = training_arguments_settings(args)
     assert settings["mixed_precision"].value == "bf16" and settings["mixed_precision"].source == "TrainingArguments(bf16=True)"
     assert settings["gradient_accumulation_steps"].value == 2 and settings["use_cpu"].value is True
-    assert settings["fsdp"].value is True
+    assert settings["fsdp"].value is args.fsdp_options  # "on, with these options": the resolver reuses them
     assert settings["fsdp.sharding_strategy"].value == "SHARD_GRAD_OP" and settings["fsdp.offload_params"].value is True
     assert "fsdp.backward_prefetch" not in settings  # left at its default: the launcher's value may apply
 

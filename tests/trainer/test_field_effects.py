@@ -201,7 +201,7 @@ def p_run_name(tmp_path):
 
 
 def p_report_to(tmp_path):
-    from trainkit.engine.tracking import _OPTIONAL
+    from trainkit.engine.tracking import OPTIONAL_TRACKERS as _OPTIONAL
 
     installed = [name for name, (_, available) in _OPTIONAL.items() if available() and name != "wandb"]
     if not installed:
@@ -482,7 +482,7 @@ PROOFS: dict[str, Any] = {
     "length_column_name": Elsewhere("trainer/test_argument_wiring.py::test_group_by_length_batches_similar_lengths"),
     "fsdp": Elsewhere("trainer/test_checkpoints_processes.py::test_fsdp_sharded_checkpoint_holds_dcp_shards_that_merge_weights_turns_into_the_model"),
     "fsdp_config": Elsewhere("trainer/test_checkpoints_processes.py::test_fsdp_sharded_checkpoint_holds_dcp_shards_that_merge_weights_turns_into_the_model"),
-    "deepspeed": Elsewhere("engine/test_deepspeed_processes.py::test_training_arguments_deepspeed_gives_the_same_run"),
+    "deepspeed": Elsewhere("engine/strategies/test_deepspeed_processes.py::test_training_arguments_deepspeed_gives_the_same_run"),
     "push_to_hub": p_hub, "hub_model_id": p_hub, "hub_strategy": p_hub, "hub_token": p_hub, "hub_private_repo": p_hub,
     "hub_revision": p_hub,
     "hub_always_push": Warns(dict(hub_always_push=True), "hub_always_push in TrainingArguments has no effect"),

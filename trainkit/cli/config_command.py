@@ -101,6 +101,8 @@ def _deepspeed_rows(config: LaunchConfig) -> list[str]:
     from trainkit.config.deepspeed import AutoValues, translate
 
     plugin = config.deepspeed_plugin()
+    if plugin is None:  # the caller shows this section only for a DeepSpeed config
+        return []
     rows = [_row(name, value, "", indent=4) for name, value in (config.deepspeed_config or {}).items()]
     settings = translate(plugin.deepspeed_config, AutoValues(
         mixed_precision=config.mixed_precision, gradient_accumulation_steps=config.gradient_accumulation_steps,

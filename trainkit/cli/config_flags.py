@@ -20,10 +20,13 @@ from trainkit.config import (
     read_mapping_file,
 )
 
+from trainkit.config.fsdp import ALIASES as FSDP_ALIASES
+
 from .slurm import slurm_layer
 
 FLAG_SOURCE = "flag"
-# Extra FSDP spellings Accelerate's launcher and docs use; each maps to a key FSDPOptions understands.
+# Accelerate's launcher flags with other spellings of an FSDP option (config.fsdp.ALIASES), and its
+# --fsdp_version (accepted and reported as unused: trainkit runs FSDP2 only).
 _EXTRA_FSDP_FLAGS = ("backward_prefetch_policy", "reshard_after_forward", "version")
 # Flags that map straight onto a LaunchConfig key of the same name, with their argparse type and help.
 _PLAIN_FLAGS: dict[str, tuple[Any, str]] = {
@@ -105,25 +108,12 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _fsdp_help(name: str) -> str:
-    doc = _FSDP_DOCS.get(name)
-    return doc or "Accepted spelling from Accelerate's docs/launcher."
-
-
-_FSDP_DOCS = {
-    "sharding_strategy": "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2 (or 1-5).",
-    "offload_params": "Keep parameters, gradients and optimizer state on CPU.",
-    "auto_wrap_policy": "TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP.",
-    "transformer_layer_cls_to_wrap": "Comma-separated layer class names to shard as units.",
-    "min_num_params": "SIZE_BASED_WRAP threshold.",
-    "backward_prefetch": "BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH.",
-    "forward_prefetch": "Prefetch the next unit's parameters during forward.",
-    "state_dict_type": "FULL_STATE_DICT | SHARDED_STATE_DICT.",
-    "cpu_ram_efficient_loading": "Only rank 0 loads real weights.",
-    "sync_module_states": "Broadcast rank 0's weights when sharding.",
-    "use_orig_params": "Accepted (always true under FSDP2).",
-    "activation_checkpointing": "Recompute activations of each unit in backward.",
-    "hybrid_shard_group_size": "HYBRID_SHARD*: processes per sharding group.",
-}
+    if name in FSDPOptions.field_names():
+        return FSDPOptions.help_of(name)
+    if name in FSDP_ALIASES:
+        return f"Accelerate's spelling of --fsdp_{FSDP_ALIASES[name]}" + (
+            ": true = FULL_SHARD, false = SHARD_GRAD_OP." if name == "reshard_after_forward" else ".")
+    return "Accepted from Accelerate's configs, without effect: trainkit runs FSDP2 only."
 
 
 def flags_to_mapping(args: argparse.Namespace) -> dict[str, Any]:

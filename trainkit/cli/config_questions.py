@@ -148,7 +148,8 @@ def ask_fsdp_options(asker: Asker) -> dict[str, Any]:
             options["fsdp_transformer_layer_cls_to_wrap"] = layers
     elif policy == "SIZE_BASED_WRAP":
         options["fsdp_min_num_params"] = asker.integer("Minimum parameters per wrapped unit?", defaults.min_num_params)
-    options["fsdp_backward_prefetch"] = asker.choice("Backward prefetch?", BACKWARD_PREFETCH, defaults.backward_prefetch)
+    options["fsdp_backward_prefetch"] = asker.choice("Backward prefetch?", BACKWARD_PREFETCH,
+                                                     defaults.backward_prefetch or "NO_PREFETCH")
     options["fsdp_forward_prefetch"] = asker.yes_no("Forward prefetch?", defaults.forward_prefetch)
     options["fsdp_state_dict_type"] = asker.choice("State dict type for checkpoints?", STATE_DICT_TYPES,
                                                    defaults.state_dict_type)

@@ -57,7 +57,10 @@ def run(args: argparse.Namespace) -> int:
         import torch  # only now: the one-process path never pays for it here
 
         gpus: bool | None = torch.cuda.is_available()
-        config = resolve_config(args, cuda_available=gpus)
+        if config.source_of("distributed_type").startswith("derived from num_processes"):
+            # Only this choice came from the torch-free GPU probe: decide it again with torch's answer. Every
+            # other value (FSDP options included) is already resolved and is not parsed a second time.
+            config = resolve_config(args, cuda_available=gpus)
         _check_gpus(config, torch)
     else:
         gpus = None  # no torch import for one process: the notice asks a torch-free probe

@@ -310,8 +310,9 @@ def _map_batches(config: Mapping[str, Any], auto: AutoValues, settings: DeepSpee
     settings.gradient_clipping = None if clip in (None, "auto") else float(clip)
     settings.micro_batch_size = None if micro in (None, "auto") else int(micro)
     settings.train_batch_size = None if total in (None, "auto") else int(total)
-    if settings.train_batch_size is not None and None not in (settings.micro_batch_size, auto.world_size):
-        expected = settings.micro_batch_size * (settings.gradient_accumulation_steps or 1) * auto.world_size
+    micro_size, world = settings.micro_batch_size, auto.world_size
+    if settings.train_batch_size is not None and micro_size is not None and world is not None:
+        expected = micro_size * (settings.gradient_accumulation_steps or 1) * world
         if expected != settings.train_batch_size:
             raise ConfigError(
                 f"train_batch_size {settings.train_batch_size} in {where} must equal train_micro_batch_size_per_gpu "
@@ -509,7 +510,7 @@ class DeepSpeedPlugin:
             zero["zero3_init_flag"] = True
         if self.zero3_save_16bit_model is not None:
             zero["stage3_gather_16bit_weights_on_model_save"] = bool(self.zero3_save_16bit_model)
-        config = {"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
+        config: dict[str, Any] = {"zero_optimization": zero, "train_micro_batch_size_per_gpu": "auto",
                   "gradient_accumulation_steps": self.gradient_accumulation_steps or "auto",
                   "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"}}
         if self.gradient_clipping is not None:

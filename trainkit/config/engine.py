@@ -122,7 +122,8 @@ _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "gradient_accumulation_steps": lambda value, where: to_int("gradient_accumulation_steps", value, where, minimum=1),
     "use_cpu": lambda value, where: to_bool("use_cpu", value, where),
     "collective_timeout": lambda value, where: to_positive_float("collective_timeout", value, where),
-    "fsdp": lambda value, where: to_bool("fsdp", value, where),
+    # A layer may hand over its whole FSDPOptions as the value of "fsdp" ("on, with these"), see _fsdp_options.
+    "fsdp": lambda value, where: True if isinstance(value, FSDPOptions) else to_bool("fsdp", value, where),
     "dynamo": lambda value, where: value if value is not None and value.enabled else None,
 }
 # EngineConfig key -> LaunchConfig key, for the keys the launcher hands over as they are.
@@ -150,7 +151,8 @@ def _fsdp_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     if launch.fsdp_config is None:
         return {}
     source = launch.source_of("distributed_type")
-    settings = {"fsdp": Setting(True, launcher_source(source, "use_fsdp" if source == "flag" else "distributed_type"))}
+    settings = {"fsdp": Setting(launch.fsdp_config,
+                                launcher_source(source, "use_fsdp" if source == "flag" else "distributed_type"))}
     for option in FSDPOptions.field_names():
         option_source = launch.source_of(f"fsdp_config.fsdp_{option}")
         if option_source != DEFAULT_SOURCE:
@@ -219,7 +221,8 @@ def resolve_engine_config(explicit: Mapping[str, Setting] | None = None, *,
         if key in explicit and key in launched and _differs(key, explicit[key].value, launched[key].value):
             overridden.append(f"{key}={values[key]!r} from {winner.source} overrides "
                               f"{launched[key].value!r} from {launched[key].source}")
-    fsdp = _fsdp_options(values, provenance)
+    offered = [layer["fsdp"].value for layer in layers if isinstance(layer.get("fsdp", Setting(None, "")).value, FSDPOptions)]
+    fsdp = _fsdp_options(values, provenance, offered)
     notices = ("trainkit: explicit settings win over the launcher's: " + "; ".join(overridden) + ".",) if overridden else ()
     config = EngineConfig(
         **{name: values[name] for name in _FIELDS if name in values and name != "fsdp"},
@@ -234,8 +237,12 @@ def _fsdp_keys(layers: tuple[Mapping[str, Setting], ...]) -> list[str]:
             if any(FSDP_PREFIX + option in layer for layer in layers)]
 
 
-def _fsdp_options(values: dict[str, Any], provenance: dict[str, str]) -> FSDPOptions | None:
-    """One FSDPOptions, validated once, from the winning option values (None when FSDP is off)."""
+def _fsdp_options(values: dict[str, Any], provenance: dict[str, str], offered: list[FSDPOptions]) -> FSDPOptions | None:
+    """One FSDPOptions from the winning option values (None when FSDP is off).
+
+    Values were parsed where they entered, by ``config.fsdp``'s one parser per option. When one layer's own
+    options object (``offered``: the launcher's, a plugin's, TrainingArguments')
+    already holds exactly the winning values, that object is the result: nothing is built twice."""
     chosen = {key[len(FSDP_PREFIX):]: value for key, value in values.items() if key.startswith(FSDP_PREFIX)}
     if not values.get("fsdp"):
         for key in [k for k in provenance if k.startswith(FSDP_PREFIX)]:
@@ -243,10 +250,16 @@ def _fsdp_options(values: dict[str, Any], provenance: dict[str, str]) -> FSDPOpt
         return None
     for option in FSDPOptions.field_names():
         provenance.setdefault(FSDP_PREFIX + option, DEFAULT_SOURCE)
+    winners = {option: chosen.get(option, FSDPOptions.default_of(option)) for option in FSDPOptions.field_names()}
+    for options in offered:
+        if all(getattr(options, option) == value for option, value in winners.items()):
+            return options
     sources = sorted({provenance[FSDP_PREFIX + option] for option in chosen})
     options = FSDPOptions()
     for option, value in chosen.items():
         setattr(options, option, value)
+    # The options' own parsers (idempotent on values a layer already parsed; the check for callers of this
+    # seam that hand over raw values).
     options.validate(f"FSDP options ({', '.join(sources) or DEFAULT_SOURCE})",
                      wheres={option: f"FSDP options ({provenance[FSDP_PREFIX + option]})" for option in chosen})
     return options

@@ -7,11 +7,11 @@ The engine turns an :class:`FSDPOptions` into FSDP2 calls (``trainkit.engine.str
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigError, check_choice, unknown_key_error
-from .values import to_bool, to_int
+from .values import BOOLEAN_SPELLINGS, to_bool, to_int
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
@@ -23,45 +23,77 @@ STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
 IGNORED_KEYS = frozenset(
     {"limit_all_gathers", "xla", "xla_fsdp_settings", "xla_fsdp_grad_ckpt", "xla_fsdp_v2", "version"}
 )
-# Other spellings of the same option, all normalised to the field name.
+# The one table of other spellings: each accepted key (with or without Accelerate's ``fsdp_`` prefix) -> the
+# option's one internal name, the FSDPOptions field. The launch YAML and flags, TrainingArguments' fsdp_config
+# and the plugin's Accelerate field names are all read through :func:`option_name`.
 ALIASES = {
-    "backward_prefetch_policy": "backward_prefetch",
-    "cpu_offload": "offload_params",
-    "offload": "offload_params",
-    "transformer_cls_names_to_wrap": "transformer_layer_cls_to_wrap",
+    "backward_prefetch_policy": "backward_prefetch",  # Accelerate's older launcher flag
+    "cpu_offload": "offload_params",  # the plugin's field name; transformers' fsdp_config key
+    "offload": "offload_params",  # transformers' fsdp word
+    "transformer_cls_names_to_wrap": "transformer_layer_cls_to_wrap",  # the plugin's field name
+    "reshard_after_forward": "sharding_strategy",  # FSDP2's boolean spelling of the strategy (own parser below)
 }
+PREFIX = "fsdp_"
+"""Accelerate's prefix on fsdp_config keys and launcher flags (transformers accepts keys with or without it)."""
+
+
+def option_name(raw_key: str) -> str:
+    """The internal name (FSDPOptions field) for any accepted spelling of an option key.
+
+    Strips the ``fsdp_`` prefix and applies :data:`ALIASES`; a key that names no option comes back as it
+    is (stripped), for the caller's unknown-key or ignored-key handling.
+    """
+    key = raw_key[len(PREFIX):] if raw_key.startswith(PREFIX) else raw_key
+    return ALIASES.get(key, key)
+
+
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
 
 
 @dataclasses.dataclass
 class FSDPOptions:
     """Every FSDP option trainkit acts on, with Accelerate's meaning (field names without ``fsdp_``)."""
 
-    sharding_strategy: str = "FULL_SHARD"
+    sharding_strategy: str = dataclasses.field(default="FULL_SHARD", metadata=_help(
+        "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2 (or 1-5)."))
     """FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2 (or 1-5)."""
-    offload_params: bool = False
+    offload_params: bool = dataclasses.field(default=False, metadata=_help(
+        "Keep parameters, gradients and optimizer state on CPU."))
     """Keep sharded parameters, gradients and optimizer state on CPU (FSDP2 ``CPUOffloadPolicy``)."""
-    auto_wrap_policy: str | None = None
+    auto_wrap_policy: str | None = dataclasses.field(default=None, metadata=_help(
+        "TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP."))
     """TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP; None picks transformer-based when the model
     declares ``_no_split_modules``, else no wrapping below the root."""
-    transformer_layer_cls_to_wrap: list[str] | None = None
+    transformer_layer_cls_to_wrap: list[str] | None = dataclasses.field(default=None, metadata=_help(
+        "Comma-separated layer class names to shard as units."))
     """Class names sharded as units under TRANSFORMER_BASED_WRAP; default: the model's ``_no_split_modules``."""
-    min_num_params: int = 100_000_000
+    min_num_params: int = dataclasses.field(default=100_000_000, metadata=_help(
+        "SIZE_BASED_WRAP threshold."))
     """Under SIZE_BASED_WRAP, a module with at least this many (not yet wrapped) parameters becomes a unit."""
-    backward_prefetch: str | None = "BACKWARD_PRE"
+    backward_prefetch: str | None = dataclasses.field(default="BACKWARD_PRE", metadata=_help(
+        "BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH."))
     """BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH: how far ahead FSDP2 all-gathers during backward."""
-    forward_prefetch: bool = False
+    forward_prefetch: bool = dataclasses.field(default=False, metadata=_help(
+        "Prefetch the next unit's parameters during forward."))
     """Issue the next unit's all-gather during the current unit's forward."""
-    state_dict_type: str = "FULL_STATE_DICT"
+    state_dict_type: str = dataclasses.field(default="FULL_STATE_DICT", metadata=_help(
+        "FULL_STATE_DICT | SHARDED_STATE_DICT."))
     """FULL_STATE_DICT | SHARDED_STATE_DICT: what ``save_state`` writes for the model and optimizer."""
-    cpu_ram_efficient_loading: bool = False
+    cpu_ram_efficient_loading: bool = dataclasses.field(default=False, metadata=_help(
+        "Only rank 0 loads real weights."))
     """Only rank 0 holds real weights at load time; the others build on the meta device."""
-    sync_module_states: bool = True
+    sync_module_states: bool = dataclasses.field(default=True, metadata=_help(
+        "Broadcast rank 0's weights when sharding."))
     """Broadcast rank 0's parameters and buffers when sharding (required by cpu_ram_efficient_loading)."""
-    use_orig_params: bool = True
+    use_orig_params: bool = dataclasses.field(default=True, metadata=_help(
+        "Accepted (always true under FSDP2)."))
     """Accepted for compatibility: FSDP2 always exposes the original parameters (as DTensors)."""
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = dataclasses.field(default=False, metadata=_help(
+        "Recompute activations of each unit in backward."))
     """Recompute each wrapped unit's activations during backward instead of storing them."""
-    hybrid_shard_group_size: int | None = None
+    hybrid_shard_group_size: int | None = dataclasses.field(default=None, metadata=_help(
+        "HYBRID_SHARD*: processes per sharding group."))
     """HYBRID_SHARD*: processes per sharding group; default: the processes of one machine."""
     ignored_keys: list[str] = dataclasses.field(default_factory=list)
     """Keys that were accepted but have no effect (reported once, never an error)."""
@@ -70,44 +102,41 @@ class FSDPOptions:
         self.validate()
 
     def validate(self, where: str = "fsdp_config", *, wheres: Mapping[str, str] | None = None) -> None:
-        """Normalise spellings in place and raise :class:`ConfigError` naming any invalid value.
+        """Parse every option in place (each with its one parser) and check the options against each other.
 
         ``where`` names the source in errors (e.g. ``fsdp_config (my.yaml)``); ``wheres`` can name a
         different source per option (field name -> where), for options merged from several layers.
+        Raises :class:`ConfigError` naming the key, the value and what is valid.
         """
         def at(name: str) -> str:
             return (wheres or {}).get(name, where)
 
-        self.sharding_strategy = parse_sharding_strategy(self.sharding_strategy, key="sharding_strategy",
-                                                         where=at("sharding_strategy"))
-        if self.auto_wrap_policy is not None:
-            self.auto_wrap_policy = check_choice("auto_wrap_policy", self.auto_wrap_policy, AUTO_WRAP_POLICIES,
-                                                 where=at("auto_wrap_policy"))
-        if self.backward_prefetch in (None, "", "NONE", "None", "none", False):
-            self.backward_prefetch = "NO_PREFETCH"
-        self.backward_prefetch = check_choice("backward_prefetch", self.backward_prefetch, BACKWARD_PREFETCH,
-                                              where=at("backward_prefetch"))
-        self.state_dict_type = check_choice("state_dict_type", self.state_dict_type, STATE_DICT_TYPES,
-                                            where=at("state_dict_type"))
-        self.transformer_layer_cls_to_wrap = _class_names(self.transformer_layer_cls_to_wrap,
-                                                          at("transformer_layer_cls_to_wrap"))
-        for flag in ("offload_params", "forward_prefetch", "cpu_ram_efficient_loading", "sync_module_states",
-                     "use_orig_params", "activation_checkpointing"):
-            setattr(self, flag, to_bool(flag, getattr(self, flag), at(flag)))
-        try:
-            self.min_num_params = int(float(self.min_num_params))
-        except (TypeError, ValueError):
-            raise ConfigError(f"Invalid value {self.min_num_params!r} for 'min_num_params' in "
-                              f"{at('min_num_params')}: expected an integer.") from None
-        if self.hybrid_shard_group_size is not None:
-            self.hybrid_shard_group_size = to_int("hybrid_shard_group_size", self.hybrid_shard_group_size,
-                                                  at("hybrid_shard_group_size"), minimum=1)
+        for name, parse in _PARSERS.items():
+            setattr(self, name, parse(getattr(self, name), name, at(name)))
+        self.check_combination(where, wheres=wheres)
+
+    def check_combination(self, where: str = "fsdp_config", *, wheres: Mapping[str, str] | None = None) -> None:
+        """The checks that involve several options (each option's own value is already parsed)."""
+        def at(name: str) -> str:
+            return (wheres or {}).get(name, where)
+
         if self.cpu_ram_efficient_loading and not self.sync_module_states:
             sources = sorted({at("cpu_ram_efficient_loading"), at("sync_module_states")})
             raise ConfigError(
                 f"'cpu_ram_efficient_loading: true' in {' and '.join(sources)} needs 'sync_module_states: true': "
                 "ranks other than 0 build the model without weights and receive rank 0's by broadcast."
             )
+
+    @classmethod
+    def from_parsed(cls, values: Mapping[str, Any], *, where: str = "fsdp_config",
+                    wheres: Mapping[str, str] | None = None, ignored_keys: list[str] | None = None) -> FSDPOptions:
+        """The defaults with ``values`` (field name -> value already read by :func:`parse_option`) applied,
+        checked against each other; no value is parsed a second time."""
+        options = cls(ignored_keys=list(ignored_keys or []))
+        for name, value in values.items():
+            setattr(options, name, value)
+        options.check_combination(where, wheres=wheres)
+        return options
 
     @property
     def reshard_after_forward(self) -> bool:
@@ -128,38 +157,28 @@ class FSDPOptions:
         implementations that mean nothing here are kept in ``ignored_keys``. Errors name ``where``, or
         ``sources[raw_key]`` for a key that came from elsewhere (a flag beside a file).
         """
-        known = set(cls.field_names())
-        values: dict[str, Any] = {}
-        wheres: dict[str, str] = {}
-        ignored: list[str] = []
-        for raw_key, value in mapping.items():
-            key = raw_key[len("fsdp_"):] if raw_key.startswith("fsdp_") else raw_key
-            key = ALIASES.get(key, key)
-            key_where = (sources or {}).get(raw_key, where)
-            if key == "reshard_after_forward":
-                values["sharding_strategy"] = parse_reshard_after_forward(value, key=raw_key, where=key_where)
-                wheres["sharding_strategy"] = key_where
-            elif key in known:
-                values[key] = value
-                wheres[key] = key_where
-            elif key in IGNORED_KEYS:
-                ignored.append(raw_key)
-            else:
-                raise unknown_key_error(raw_key, [f"fsdp_{k}" for k in known] + list(ALIASES), where=key_where)
-        options = cls(ignored_keys=ignored)  # the defaults, then the given values checked against their sources
-        for name, value in values.items():
-            setattr(options, name, value)
-        options.validate(where, wheres=wheres)
-        return options
+        values, wheres, ignored = _parse_mapping(mapping, where, sources)
+        return cls.from_parsed(values, where=where, wheres=wheres, ignored_keys=ignored)
+
+    @classmethod
+    def check_mapping(cls, mapping: Mapping[str, Any], *, where: str = "fsdp_config",
+                      sources: Mapping[str, str] | None = None) -> None:
+        """Parse ``mapping`` as :meth:`from_mapping` does, raising on a bad key or value, without building options."""
+        _parse_mapping(mapping, where, sources)
+
+    @classmethod
+    def default_of(cls, name: str) -> Any:
+        """An option's default value (without building an instance)."""
+        return _DEFAULTS[name]
+
+    @classmethod
+    def help_of(cls, name: str) -> str:
+        """An option's one-line help (its field's ``help`` metadata), shown for its launcher flag."""
+        return _FIELDS[name].metadata["help"]
 
     def to_accelerate_dict(self) -> dict[str, Any]:
         """The ``fsdp_config`` mapping with Accelerate's prefixed keys, as ``trainkit config`` writes it."""
         return {f"fsdp_{name}": getattr(self, name) for name in self.field_names()}
-
-
-# Accelerate's spellings of a boolean for reshard_after_forward (its str_to_bool), and how each reads.
-_RESHARD_BOOLEANS = {**dict.fromkeys(("y", "yes", "t", "true", "on", "1"), True),
-                     **dict.fromkeys(("n", "no", "f", "false", "off", "0"), False)}
 
 
 def parse_sharding_strategy(value: Any, *, key: str, where: str) -> str:
@@ -178,14 +197,17 @@ def parse_sharding_strategy(value: Any, *, key: str, where: str) -> str:
 def parse_reshard_after_forward(value: Any, *, key: str, where: str) -> str:
     """``reshard_after_forward`` as the sharding strategy it means; the one parser for every source.
 
-    FSDP2's boolean (True = FULL_SHARD, False = SHARD_GRAD_OP, in Accelerate's spellings: 1/0, yes/no,
-    on/off, ...) or FSDP1's strategy name or number (2-5; 1 is FULL_SHARD both ways).
+    FSDP2's boolean, in Accelerate's spellings (``str_to_bool``: 1/0, yes/no, on/off, t/f, y/n): true =
+    FULL_SHARD, false = SHARD_GRAD_OP; or FSDP1's strategy name or number (2-5; 1 is FULL_SHARD both ways).
+    So ``1`` means FULL_SHARD whatever its type, as Accelerate's launcher (which passes "1" to its FSDP2
+    plugin: True) and FSDP1 plugin (strategy 1) read it. torch's ``fully_shard`` would read an int 1 as
+    "reshard to groups of 1 process", i.e. not at all: trainkit never hands this value to torch as an int.
     """
     if isinstance(value, bool):
         return "FULL_SHARD" if value else "SHARD_GRAD_OP"
     text = str(getattr(value, "name", value)).strip().lower()
-    if text in _RESHARD_BOOLEANS:
-        return "FULL_SHARD" if _RESHARD_BOOLEANS[text] else "SHARD_GRAD_OP"
+    if text in BOOLEAN_SPELLINGS:
+        return "FULL_SHARD" if BOOLEAN_SPELLINGS[text] else "SHARD_GRAD_OP"
     try:
         return parse_sharding_strategy(value, key=key, where=where)
     except ConfigError:
@@ -194,14 +216,98 @@ def parse_reshard_after_forward(value: Any, *, key: str, where: str) -> str:
             f"strategy ({', '.join(SHARDING_STRATEGIES)}, or 1-5).") from None
 
 
-def _class_names(value: Any, where: str) -> list[str] | None:
+def _parse_mapping(mapping: Mapping[str, Any], where: str, sources: Mapping[str, str] | None
+                   ) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """Each key of an fsdp_config mapping parsed once: (values, where each came from, ignored raw keys)."""
+    values: dict[str, Any] = {}
+    wheres: dict[str, str] = {}
+    ignored: list[str] = []
+    for raw_key, value in mapping.items():
+        key_where = (sources or {}).get(raw_key, where)
+        if option_name(raw_key) in IGNORED_KEYS:
+            ignored.append(raw_key)
+            continue
+        name, parsed = parse_option(raw_key, value, key_where)
+        values[name] = parsed
+        wheres[name] = key_where
+    return values, wheres, ignored
+
+
+def parse_option(raw_key: str, value: Any, where: str) -> tuple[str, Any]:
+    """One option as written anywhere (YAML key, flag, TrainingArguments' fsdp_config key, plugin field) ->
+    ``(internal name, parsed value)``. The one parser per key: every surface calls this.
+
+    Raises :class:`ConfigError` for an unknown key (with a did-you-mean) or a bad value (naming the key).
+    """
+    name = option_name(raw_key)
+    bare = raw_key[len(PREFIX):] if raw_key.startswith(PREFIX) else raw_key
+    if bare == "reshard_after_forward":  # FSDP2's spelling has its own vocabulary (a boolean or a strategy)
+        return name, parse_reshard_after_forward(value, key=raw_key, where=where)
+    parse = _PARSERS.get(name)
+    if parse is None:
+        known = FSDPOptions.field_names()
+        raise unknown_key_error(raw_key, [PREFIX + k for k in known] + list(ALIASES), where=where)
+    return name, parse(value, name, where)
+
+
+def _parse_auto_wrap_policy(value: Any, key: str, where: str) -> str | None:
+    return None if value is None else check_choice(key, value, AUTO_WRAP_POLICIES, where=where)
+
+
+def _parse_backward_prefetch(value: Any, key: str, where: str) -> str:
+    if value in (None, "", "NONE", "None", "none", False):
+        value = "NO_PREFETCH"
+    return check_choice(key, value, BACKWARD_PREFETCH, where=where)
+
+
+def _parse_min_num_params(value: Any, key: str, where: str) -> int:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        raise ConfigError(f"Invalid value {value!r} for {key!r} in {where}: expected an integer.") from None
+
+
+def _parse_group_size(value: Any, key: str, where: str) -> int | None:
+    return None if value is None else to_int(key, value, where, minimum=1)
+
+
+def _class_names(value: Any, key: str, where: str) -> list[str] | None:
     """Layer class names: a comma-separated string or a list of strings (None or empty: none given)."""
     if value is None:
         return None
     if isinstance(value, str):
         value = value.split(",")
     if not isinstance(value, (list, tuple)) or not all(isinstance(name, str) for name in value):
-        raise ConfigError(f"Invalid value {value!r} for 'transformer_layer_cls_to_wrap' in {where}: expected class "
+        raise ConfigError(f"Invalid value {value!r} for {key!r} in {where}: expected class "
                           "names, as a comma-separated string or a list of strings.")
     names = [name.strip() for name in value if name.strip()]
     return names or None
+
+
+def _parse_bool(value: Any, key: str, where: str) -> bool:
+    return to_bool(key, value, where)
+
+
+def _parse_sharding_strategy(value: Any, key: str, where: str) -> str:
+    return parse_sharding_strategy(value, key=key, where=where)
+
+
+# Each option's one parser: value, key (as named in errors), where -> the canonical value. A new option adds
+# its field above and its line here; every surface (YAML, flags, plugin, TrainingArguments) then reads it.
+_PARSERS: dict[str, Callable[[Any, str, str], Any]] = {
+    "sharding_strategy": _parse_sharding_strategy,
+    "offload_params": _parse_bool,
+    "auto_wrap_policy": _parse_auto_wrap_policy,
+    "transformer_layer_cls_to_wrap": _class_names,
+    "min_num_params": _parse_min_num_params,
+    "backward_prefetch": _parse_backward_prefetch,
+    "forward_prefetch": _parse_bool,
+    "state_dict_type": lambda value, key, where: check_choice(key, value, STATE_DICT_TYPES, where=where),
+    "cpu_ram_efficient_loading": _parse_bool,
+    "sync_module_states": _parse_bool,
+    "use_orig_params": _parse_bool,
+    "activation_checkpointing": _parse_bool,
+    "hybrid_shard_group_size": _parse_group_size,
+}
+_FIELDS = {f.name: f for f in dataclasses.fields(FSDPOptions) if f.name != "ignored_keys"}
+_DEFAULTS = {name: f.default for name, f in _FIELDS.items()}

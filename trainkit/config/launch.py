@@ -14,8 +14,7 @@ from typing import Any
 from .deepspeed import AutoValues, DeepSpeedPlugin, plugin_from_yaml_block, translate
 from .dynamo import TorchDynamoPlugin
 from .errors import ConfigError, check_choice, unknown_key_error
-from .fsdp import ALIASES as FSDP_ALIASES
-from .fsdp import FSDPOptions
+from .fsdp import FSDPOptions, option_name
 from .machine import gpus_probably_present
 from .preemption import DEFAULT_GRACE_PERIOD, DEFAULT_PREEMPTION_SIGNALS, parse_signal_names
 from .values import (
@@ -169,8 +168,8 @@ class LaunchConfig:
             self.unused_keys.extend(k for k in self.fsdp_config.ignored_keys if k not in self.unused_keys)
         else:
             if fsdp_mapping:
-                FSDPOptions.from_mapping(fsdp_mapping, where=self._fsdp_where(),  # a typo is still a typo
-                                         sources=self._fsdp_sources(fsdp_options))
+                FSDPOptions.check_mapping(fsdp_mapping, where=self._fsdp_where(),  # a typo is still a typo
+                                          sources=self._fsdp_sources(fsdp_options))
                 if "fsdp_config" not in self.unused_keys:
                     self.unused_keys.append("fsdp_config")
             self.fsdp_config = None
@@ -330,7 +329,7 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
             if not isinstance(value, Mapping):
                 raise ConfigError(f"'fsdp_config' in {source} must be a mapping, got {value!r}.")
             for raw_key, option in value.items():
-                name = _fsdp_option_name(raw_key)
+                name = option_name(raw_key)  # one name per option, for merging layers key by key
                 fsdp_merged[name] = (raw_key, option)  # keep the user's spelling for error messages
                 provenance[f"fsdp_config.fsdp_{name}"] = source
             provenance["fsdp_config"] = source
@@ -354,14 +353,6 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
                 unused.append(key)
         else:
             raise unknown_key_error(key, known, where=source)
-
-
-def _fsdp_option_name(raw_key: str) -> str:
-    """``fsdp_backward_prefetch_policy`` -> ``backward_prefetch``: one name per option, for merging."""
-    key = raw_key[len("fsdp_"):] if raw_key.startswith("fsdp_") else raw_key
-    if key == "reshard_after_forward":  # FSDP2's spelling of the strategy: one option, whichever layer says it
-        return "sharding_strategy"
-    return FSDP_ALIASES.get(key, key)
 
 
 def _asks_for_something(value: Any) -> bool:

@@ -58,14 +58,20 @@ def parse_gpu_ids(value: Any) -> str | None:
     return str(value).strip() or None
 
 
+BOOLEAN_SPELLINGS = {**dict.fromkeys(("true", "yes", "y", "t", "on", "1"), True),
+                     **dict.fromkeys(("false", "no", "n", "f", "off", "0"), False)}
+"""Every text spelling of a boolean a config value may use: Accelerate's (its ``str_to_bool``, which its
+launcher applies to every FSDP boolean) and YAML's, any case. The one vocabulary for every boolean key."""
+
+
 def to_bool(key: str, value: Any, where: str) -> bool:
-    """Accept YAML/flag spellings of a boolean (true/false/yes/no/1/0) or raise naming ``key``."""
+    """Accept YAML/flag spellings of a boolean (:data:`BOOLEAN_SPELLINGS`, or 1/0) or raise naming ``key``."""
     if isinstance(value, bool):
         return value
     if isinstance(value, (int, float)) and value in (0, 1):
         return bool(value)
-    if isinstance(value, str) and value.strip().lower() in ("true", "false", "yes", "no", "1", "0"):
-        return value.strip().lower() in ("true", "yes", "1")
+    if isinstance(value, str) and value.strip().lower() in BOOLEAN_SPELLINGS:
+        return BOOLEAN_SPELLINGS[value.strip().lower()]
     raise invalid_value_error(key, value, ("true", "false"), where=where)
 
 

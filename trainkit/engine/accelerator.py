@@ -41,7 +41,7 @@ from trainkit.engine.strategies.deepspeed import (
 )
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
 from trainkit.engine.api.identity import ProcessIdentity
-from trainkit.engine.precision.amp import Precision
+from trainkit.engine.precision.base import Precision
 from trainkit.engine.api.prepared import PreparedObjects
 from trainkit.engine.data.sampling import shared_data_seed
 from trainkit.engine.process.control import only_when
@@ -345,7 +345,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
-        """Place and wrap one model (autocast forward under mixed precision)."""
+        """Convert one model for the precision, then place and wrap it (autocast forward under mixed precision)."""
+        model = self.precision.convert_module(model)
         if self.precision.enabled and self.strategy.wants_autocast and not hasattr(model, "_trainkit_original_forward"):
             # Instance attributes shadow the class's forward; setattr because nn.Module types attributes as tensors.
             setattr(model, "_trainkit_original_forward", model.forward)

@@ -297,7 +297,7 @@ def _check_precision_device(args: Any) -> None:
     """fp16/bf16 against the device, by the engine's own table (fp16 and bf16 both run on CPU)."""
     if args.fp16 and args.bf16:
         return  # the contradiction is named by TrainingArguments itself
-    from trainkit.engine.precision.amp import check_precision_device
+    from trainkit.engine.precision.registry import check_precision_device
 
     mode = "fp16" if args.fp16 else "bf16" if args.bf16 else "no"
     if args.use_cpu:

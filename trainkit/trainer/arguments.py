@@ -322,9 +322,10 @@ class TrainingArguments(ProcessAttributes):
                 f"load_best_model_at_end=True in {WHERE} needs eval_strategy and save_strategy to match (or "
                 f"save_strategy='best'), but eval_strategy={self.eval_strategy!r} and save_strategy={self.save_strategy!r}."
             )
-        if self.eval_strategy == "steps":
-            ratio = (self.eval_steps < 1, self.save_steps < 1)
-            if ratio[0] != ratio[1] or round(self.save_steps * 1_000_000) % round(self.eval_steps * 1_000_000) != 0:
+        eval_steps = self.eval_steps
+        if self.eval_strategy == "steps" and eval_steps is not None:  # _normalise_steps set it (or refused) for 'steps'
+            ratio = (eval_steps < 1, self.save_steps < 1)
+            if ratio[0] != ratio[1] or round(self.save_steps * 1_000_000) % round(eval_steps * 1_000_000) != 0:
                 raise ConfigError(
                     f"load_best_model_at_end=True in {WHERE} needs save_steps ({self.save_steps}) to be a multiple of "
                     f"eval_steps ({self.eval_steps}), so that every checkpoint has an evaluation."
@@ -361,8 +362,11 @@ class TrainingArguments(ProcessAttributes):
             overrides["offload_params"] = True
         if "auto_wrap" in words and options.auto_wrap_policy is None:
             overrides["auto_wrap_policy"] = "TRANSFORMER_BASED_WRAP"
-        if overrides:
-            options = dataclasses.replace(options, **overrides)
+        if overrides and options is self.fsdp_config:
+            options = dataclasses.replace(options, **overrides)  # the caller's own FSDPOptions stays as it was
+        else:  # values from the words are canonical already: set on the options just read, no second build
+            for option, value in overrides.items():
+                setattr(options, option, value)
         if not isinstance(options, FSDPOptions):  # pragma: no cover - the loader's contract
             raise ConfigError(f"fsdp_config in {WHERE} did not resolve to FSDP options.")
         if options.cpu_ram_efficient_loading:
@@ -506,6 +510,8 @@ def _reject_unknown_keywords(init):
     return checked_init
 
 
-TrainingArguments.__init__ = _reject_unknown_keywords(TrainingArguments.__init__)
+# Wrapped after the dataclass made __init__ (unknown keywords fail with a did-you-mean); mypy refuses any
+# assignment to a method.
+TrainingArguments.__init__ = _reject_unknown_keywords(TrainingArguments.__init__)  # type: ignore[method-assign]
 
 __all__ = ["TrainingArguments", "UnknownArgumentError"]

@@ -313,8 +313,8 @@ class ProgressCallback(TrainerCallback):
     """A tqdm bar for training and one for each evaluation, on the main process only."""
 
     def __init__(self) -> None:
-        self.training_bar = None
-        self.prediction_bar = None
+        self.training_bar: Any = None  # a tqdm bar while training (tqdm is imported on first use)
+        self.prediction_bar: Any = None
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
@@ -441,6 +441,8 @@ class EarlyStoppingCallback(TrainerCallback):
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     metrics=None, **kwargs: Any) -> None:
         name = args.metric_for_best_model
+        if name is None:  # refused at on_train_begin; an evaluate() outside training has nothing to stop
+            return
         name = name if name.startswith("eval_") else f"eval_{name}"
         value = (metrics or {}).get(name)
         if value is None:

@@ -86,8 +86,8 @@ def collator_dropping_unknown_columns(collate_fn: Any, dataset: Any, accepted: s
 
     ``accepted``: the columns to keep, or False when ``remove_unused_columns`` is off.
     """
-    if accepted and getattr(dataset, "column_names", False) is None:
-        return UnusedColumnsDropper(collate_fn, set(accepted), description)
+    if isinstance(accepted, set) and accepted and getattr(dataset, "column_names", False) is None:
+        return UnusedColumnsDropper(collate_fn, accepted, description)
     return collate_fn
 
 

@@ -50,7 +50,7 @@ def deepspeed_for_trainer(args: Any, world_size: int | None = None) -> TrainerDe
                                     "train_batch_size", "train_micro_batch_size_per_gpu")}
     for block in ("bf16", "fp16"):
         engine_config.pop(block, None)
-    if settings.mixed_precision != "no":
+    if settings.mixed_precision not in (None, "no"):  # resolved by translate(): "no", "fp16" or "bf16"
         engine_config[settings.mixed_precision] = {"enabled": True}
     return TrainerDeepSpeed(settings=settings, plugin=DeepSpeedPlugin(hf_ds_config=engine_config))
 

@@ -46,13 +46,13 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
         settings["collective_timeout"] = Setting(float(args.ddp_timeout), f"{SOURCE}(ddp_timeout=)")
     options = args.fsdp_options
     if options is not None:
-        settings["fsdp"] = Setting(True, f"{SOURCE}(fsdp={' '.join(args.fsdp)!r})")
-        defaults = FSDPOptions()
+        words = args.fsdp if isinstance(args.fsdp, list) else str(args.fsdp).split()  # a list once resolved
+        settings["fsdp"] = Setting(options, f"{SOURCE}(fsdp={' '.join(words)!r})")
         named_strategy = any(word in ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2")
-                             for word in args.fsdp)
+                             for word in words)
         for option in FSDPOptions.field_names():
             value = getattr(options, option)
-            if value != getattr(defaults, option) or (option == "sharding_strategy" and named_strategy):
+            if value != FSDPOptions.default_of(option) or (option == "sharding_strategy" and named_strategy):
                 settings[FSDP_PREFIX + option] = Setting(value, f"{SOURCE}(fsdp/fsdp_config: {option})")
     return settings
 

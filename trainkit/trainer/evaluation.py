@@ -186,9 +186,9 @@ def evaluation_loop(trainer: EvaluatedTrainer, dataloader: Any, description: str
     results = _GatheredResults(args.eval_accumulation_steps, concat=args.eval_do_concat_batches,
                                objects=args.eval_use_gather_object)
     wants_inputs = "inputs" in args.include_for_metrics
-    gather = accelerator.gather_for_metrics
+    gather: Callable[[Any], Any] = accelerator.gather_for_metrics
     if args.eval_use_gather_object:
-        def gather(data):  # one object per sample, gathered as Python objects (strings, ragged structures, ...)
+        def gather(data: Any) -> Any:  # one object per sample, gathered as Python objects (strings, ragged structures, ...)
             samples = list(data) if isinstance(data, (torch.Tensor, list, tuple)) else [data]
             return accelerator.gather_for_metrics(samples, use_gather_object=True)
     batch_metrics = args.batch_eval_metrics and trainer.compute_metrics is not None and not prediction_loss_only
@@ -212,7 +212,7 @@ def evaluation_loop(trainer: EvaluatedTrainer, dataloader: Any, description: str
             logits = gather(logits)
         if labels is not None:
             labels = gather(labels)
-        if batch_metrics:  # batch_eval_metrics: the metric accumulates itself; keep nothing but the losses
+        if batch_metrics and trainer.compute_metrics is not None:  # the metric accumulates itself; keep the losses
             if logits is not None and labels is not None:
                 is_last = accelerator.gradient_state.end_of_dataloader  # set by the prepared loader on its last batch
                 metrics = dict(trainer.compute_metrics(EvalPrediction(logits, labels), compute_result=is_last) or {})

@@ -36,7 +36,8 @@ def decay_parameter_names(model: nn.Module) -> set[str]:
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Two groups of trainable parameters: with ``weight_decay`` and without; empty groups are left out."""
     decayed = decay_parameter_names(model)
-    with_decay, without_decay = [], []
+    with_decay: list[nn.Parameter] = []
+    without_decay: list[nn.Parameter] = []
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             (with_decay if name in decayed else without_decay).append(parameter)
@@ -48,12 +49,13 @@ def build_optimizer(model: nn.Module, args) -> torch.optim.Optimizer:
     """The optimizer ``args.optim`` names, over ``model``'s trainable parameters (call after the engine wrapped it)."""
     groups = parameter_groups(model, args.weight_decay)
     extra = args.optimizer_extra_kwargs
-    adam = {"lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
+    adam: dict[str, Any] = {"lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
     if args.optim in ("adamw_torch", "adamw_torch_fused"):
         fused = args.optim == "adamw_torch_fused" and _fused_supported(groups)
         if args.optim == "adamw_torch_fused" and not fused:
             logger.info("Fused AdamW is not available for these parameters; using the foreach implementation.")
-        return torch.optim.AdamW(groups, **adam, **({"fused": True} if fused else {}), **extra)
+        fused_flag: dict[str, Any] = {"fused": True} if fused else {}
+        return torch.optim.AdamW(groups, **adam, **fused_flag, **extra)
     if args.optim == "sgd":
         return torch.optim.SGD(groups, lr=args.learning_rate, **extra)
     if args.optim == "adafactor":

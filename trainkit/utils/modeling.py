@@ -26,11 +26,14 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
 
     def register_on_device(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         original(module, name, param)
-        if param is not None:
-            moved = module._parameters[name].to(device)
+        registered = module._parameters[name]
+        if param is not None and registered is not None:
+            moved = registered.to(device)
             module._parameters[name] = type(param)(moved, requires_grad=param.requires_grad)
 
-    nn.Module.register_parameter = register_on_device  # type: ignore[method-assign]
+    # Patched on the class for the duration of the block, as Accelerate's init_on_device does; mypy refuses any
+    # assignment to a method, and register_on_device's module parameter is nn.Module rather than Self.
+    nn.Module.register_parameter = register_on_device  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:

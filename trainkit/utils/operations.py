@@ -56,6 +56,13 @@ __all__ = [
 ]
 
 
+def _same_mapping_type(original: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    """``items`` as the mapping class of ``original`` (dict, OrderedDict, BatchEncoding, ...), whose constructor
+    takes a dict; the ``Mapping`` ABC itself declares no constructor."""
+    kind: Callable[[dict[Any, Any]], Any] = type(original)
+    return kind(items)
+
+
 def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_keys: Any = None) -> Any:
     """Every tensor of a nest (and anything with ``.to``, e.g. a ``BatchEncoding``) on ``device``; values under
     ``skip_keys`` (a key or a list of keys, at any mapping level) stay where they are."""
@@ -63,8 +70,8 @@ def send_to_device(tensor: Any, device: Any, non_blocking: bool = False, skip_ke
         return _send_nest_to_device(tensor, device, non_blocking)
     keys = [skip_keys] if isinstance(skip_keys, str) else list(skip_keys)
     if isinstance(tensor, Mapping):
-        return type(tensor)({key: value if key in keys else send_to_device(value, device, non_blocking, keys)
-                             for key, value in tensor.items()})
+        return _same_mapping_type(tensor, {key: value if key in keys else send_to_device(value, device, non_blocking, keys)
+                                           for key, value in tensor.items()})
     if isinstance(tensor, (tuple, list)):
         return honor_type(tensor, (send_to_device(item, device, non_blocking, keys) for item in tensor))
     return _send_nest_to_device(tensor, device, non_blocking)
@@ -162,7 +169,7 @@ def concatenate(data: list[Any], dim: int = 0) -> Any:
     if isinstance(first, (tuple, list)):
         return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
     if isinstance(first, Mapping):
-        return type(first)({key: concatenate([d[key] for d in data], dim=dim) for key in first})
+        return _same_mapping_type(first, {key: concatenate([d[key] for d in data], dim=dim) for key in first})
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"concatenate: can only concatenate tensors, got {type(first).__name__}.")
     return torch.cat(data, dim=dim)

@@ -1,7 +1,7 @@
 """Resume the way Accelerate scripts resume, and load_state for every optimizer and object; one launch, many checks.
 
 Run as one process or under torchrun (gloo, CPU), plain or with ``--fsdp`` (FSDP2). Rank 0 writes
-``OUT/results.json``; the assertions live in tests/engine/test_accelerate_resume.py.
+``OUT/results.json``; the assertions live in tests/engine/checkpoint/test_accelerate_resume.py.
 
 Scenarios, each against an uninterrupted run of the same loop (dropout, shuffling, a scheduler):
 - ``step``: the loop of Accelerate's ``examples/by_feature/checkpointing.py``: ``save_state("step_N")`` inside

@@ -4,7 +4,7 @@ Run as ``torchrun --nproc_per_node 2 deepspeed_runs.py OUT``. Every variant trai
 fsdp_common for 10 steps on the same per-rank batches with a DeepSpeed config written as users write
 them (JSON with "auto"), and records per-step losses and the bytes of parameters, gradients and optimizer
 state this rank holds. The Trainer variant runs ``TrainingArguments(deepspeed=<the same JSON>)``.
-Rank 0 writes OUT/deepspeed.json for tests/engine/test_deepspeed_processes.py.
+Rank 0 writes OUT/deepspeed.json for tests/engine/strategies/test_deepspeed_processes.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from torch import nn
@@ -207,7 +207,7 @@ def _register(hooks: OrderedDict, hook: Callable[..., None]) -> RemovableHandle:
     return handle
 
 
-def run_save_state_pre_hooks(accelerator: Any, models: list[nn.Module], output_dir: str) -> None:
+def run_save_state_pre_hooks(accelerator: Any, models: Sequence[nn.Module], output_dir: str) -> None:
     """Called by ``save_state``: each registered hook sees the models, their state dicts and the folder.
 
     A hook may add files; it may not take models out of the lists (trainkit checkpoints every prepared model,
@@ -224,7 +224,7 @@ def run_save_state_pre_hooks(accelerator: Any, models: list[nn.Module], output_d
                                   "every prepared model (a hook may write extra files only).")
 
 
-def run_load_state_pre_hooks(accelerator: Any, models: list[nn.Module], input_dir: str) -> None:
+def run_load_state_pre_hooks(accelerator: Any, models: Sequence[nn.Module], input_dir: str) -> None:
     """Called by ``load_state`` before anything is loaded (a hook may not take models out of the list)."""
     hooks = accelerator.__dict__.get("_load_state_pre_hooks")
     if not hooks:

@@ -85,8 +85,9 @@ def dynamo_from_arguments(backend: Any, plugin: TorchDynamoPlugin | None) -> Tor
 
 
 def fsdp_plugin_settings(plugin: Any, source: str = "FullyShardedDataParallelPlugin") -> dict[str, Setting]:
-    """A plugin turns FSDP on, and each option it was given is explicit (the others stay unset)."""
-    settings = {"fsdp": Setting(True, source)}
+    """A plugin turns FSDP on, and each option it was given is explicit (the others stay unset). Its whole
+    options object goes with "fsdp", so the resolver uses it as is when nothing else contributes."""
+    settings = {"fsdp": Setting(plugin.options, source)}
     for option, value in plugin.explicit_options.items():
         settings[FSDP_PREFIX + option] = Setting(value, f"{source}({option}=)")
     return settings

@@ -50,7 +50,7 @@ class CompatOptions:
     def ddp_comm_hook(self) -> dict[str, Any] | None:
         """The DDP communication hook to register, or None."""
         ddp = self.handlers.get(DistributedDataParallelKwargs)
-        if ddp is None or str(ddp.comm_hook) == "no":
+        if not isinstance(ddp, DistributedDataParallelKwargs) or str(ddp.comm_hook) == "no":
             return None
         return {"hook": ddp.comm_hook, "wrapper": ddp.comm_wrapper, "state_option": ddp.comm_state_option}
 

@@ -199,7 +199,8 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     run_load_state_pre_hooks(accelerator, prepared.models, directory)
 
     # Read and check everything first ...
-    pending = [model_state.prepare_model_load(strategy, model, directory, i) for i, model in enumerate(prepared.models)]
+    pending: list[model_state.PendingModelLoad | model_state.PendingOptimizerLoad] = [
+        model_state.prepare_model_load(strategy, model, directory, i) for i, model in enumerate(prepared.models)]
     for index, optimizer in enumerate(prepared.optimizers):
         pending.append(model_state.prepare_optimizer_load(strategy, _owning_model(prepared, index),
                                                           optimizer.optimizer, directory, index))

@@ -40,7 +40,10 @@ def capture_rng_state() -> dict[str, Any]:
     reading them would create a CUDA context in a process that may never use the GPU.
     """
     version, internal, gauss = random.getstate()
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    legacy = np.random.get_state(legacy=True)
+    if not isinstance(legacy, tuple):  # numpy's stub allows the dict form; legacy=True returns the tuple
+        raise TypeError(f"numpy returned {type(legacy).__name__} for its legacy RNG state")
+    kind, keys, position, has_gauss, cached = legacy
     state: dict[str, Any] = {
         "python": {"version": version, "state": list(internal), "gauss_next": gauss},
         "numpy": {"kind": kind, "keys": keys.tolist(), "position": int(position), "has_gauss": int(has_gauss),

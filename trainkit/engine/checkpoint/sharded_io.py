@@ -76,9 +76,10 @@ class SafeFileSystemReader(FileSystemReader):
         metadata = read_dcp_metadata(os.fspath(self.path))
         from torch.distributed.checkpoint.metadata import StorageMeta
 
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage_meta = getattr(metadata, "storage_meta", None)
+        if storage_meta is None:
+            storage_meta = metadata.storage_meta = StorageMeta()
+        storage_meta.load_id = self.load_id
         return metadata
 
 

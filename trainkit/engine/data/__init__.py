@@ -22,7 +22,7 @@ class _SkipBatchSampler(BatchSampler):
     def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
         self.batch_sampler = batch_sampler
         self.skip_batches = skip_batches
-        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)  # type: ignore[assignment]  # torch types it int; a custom sampler may have none
         self.drop_last = getattr(batch_sampler, "drop_last", False)
 
     def __iter__(self):  # type: ignore[override]

@@ -1,6 +1,6 @@
-"""Mixed precision as one object: autocast, loss scaling for fp16, the optimizer step, and its state.
+"""Automatic mixed precision (torch.amp): autocast, loss scaling for fp16, the optimizer step, and its state.
 
-"no" runs in float32; "bf16" autocasts to bfloat16 (no scaling needed); "fp16" autocasts to float16
+"bf16" autocasts to bfloat16 (no scaling needed); "fp16" autocasts to float16
 and scales the loss with ``torch.amp.GradScaler`` (on CPU too), skipping steps whose gradients
 overflowed — a skipped step must not advance the learning-rate schedule, so :meth:`optimizer_step`
 says whether the step happened.
@@ -15,47 +15,23 @@ from typing import Any
 
 import torch
 
-from trainkit.config.errors import ConfigError
-from trainkit.config.values import MIXED_PRECISIONS, parse_mixed_precision
-from trainkit.engine.process.devices import DEVICE_TYPES
+from trainkit.engine.precision.base import Precision
 from trainkit.engine.process.nested import map_tensors
 
-PRECISIONS = MIXED_PRECISIONS  # one vocabulary: trainkit.config.values
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-PRECISION_DEVICES: dict[str, tuple[str, ...]] = {"no": DEVICE_TYPES, "bf16": DEVICE_TYPES, "fp16": DEVICE_TYPES}
-"""The device types each precision runs on: all of them (fp16 on CPU autocasts to float16 and scales the loss
-with a CPU GradScaler). ``Accelerator(mixed_precision=)`` and ``TrainingArguments(fp16=, bf16=, use_cpu=)`` are
-both checked against this table (:func:`check_precision_device`)."""
 
 
-def check_precision_device(mode: str, device_type: str, *, where: str) -> None:
-    """Raise when precision ``mode`` does not run on ``device_type`` (per :data:`PRECISION_DEVICES`)."""
-    runs_on = PRECISION_DEVICES.get(mode, ())
-    if device_type not in runs_on:
-        raise ConfigError(f"{where}: mixed precision {mode!r} does not run on {device_type}; it runs on "
-                          f"{', '.join(runs_on) or 'no device'}.")
-
-
-class Precision:
-    """Autocast and loss scaling for one of ``"no"``, ``"bf16"``, ``"fp16"`` on ``device``."""
+class AutocastPrecision(Precision):
+    """``"bf16"`` and ``"fp16"``: the forward under ``torch.autocast``; fp16 also scales the loss."""
 
     def __init__(self, mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None,
                  scaler_class: type[torch.amp.GradScaler] | None = None) -> None:
         """``scaler_class``: the fp16 loss scaler's class, chosen by the strategy (FSDP: ``ShardedGradScaler``)."""
-        self.mode = parse_mixed_precision(mode, where="Accelerator(mixed_precision=...)")
-        check_precision_device(self.mode, device.type, where="Accelerator(mixed_precision=...)")
-        self.device = device
-        self.dtype: torch.dtype | None = _DTYPES.get(self.mode)
-        self.scaler_kwargs: dict[str, Any] = dict(scaler_kwargs or {})
-        """The GradScaler settings (GradScalerKwargs) this precision was built with."""
-        scaler_class = scaler_class or torch.amp.GradScaler
-        self.scaler = scaler_class(device.type, **self.scaler_kwargs) if self.mode == "fp16" else None
+        super().__init__(mode, device, scaler_kwargs)
+        self.dtype = _DTYPES[mode]
+        if mode == "fp16":
+            self.scaler = (scaler_class or torch.amp.GradScaler)(device.type, **self.scaler_kwargs)
         self._unscaled: set[int] = set()
-
-    @property
-    def enabled(self) -> bool:
-        """True unless running in full precision."""
-        return self.dtype is not None
 
     def autocast(self, enabled: bool = True, cache_enabled: bool | None = None) -> contextlib.AbstractContextManager:
         """A context in which eligible ops run in the low-precision dtype."""
@@ -79,10 +55,9 @@ class Precision:
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backpropagate, scaling the loss first under fp16."""
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward(**kwargs)
-        else:
-            loss.backward(**kwargs)
+        if self.scaler is None:
+            return super().backward(loss, **kwargs)
+        self.scaler.scale(loss).backward(**kwargs)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide gradients by the loss scale once per step (before clipping)."""
@@ -93,8 +68,7 @@ class Precision:
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> bool:
         """Step ``optimizer``; return False when fp16 found inf/NaN gradients and skipped the step."""
         if self.scaler is None:
-            optimizer.step(**kwargs)
-            return True
+            return super().optimizer_step(optimizer, **kwargs)
         scale_before = self.scaler.get_scale()
         self.scaler.step(optimizer, **kwargs)
         self.scaler.update()

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from trainkit.engine.step.accumulation import GradientState
-from trainkit.engine.precision.amp import Precision
+from trainkit.engine.precision.base import Precision
 
 
 def _newest_accelerator(what: str) -> Any:

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from torch import nn
 
-from trainkit.engine.precision.amp import Precision
+from trainkit.engine.precision.base import Precision
+from trainkit.engine.precision.registry import build_precision
 from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
@@ -82,7 +83,7 @@ class Strategy:
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             scaler_class = ShardedGradScaler
-        self.precision = Precision(mode, self.device, scaler_kwargs, scaler_class=scaler_class)
+        self.precision = build_precision(mode, self.device, scaler_kwargs, scaler_class=scaler_class)
         return self.precision
 
     @property

@@ -6,6 +6,7 @@ Accelerate's names onto them and registers the chosen one on a wrapped model.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
@@ -31,7 +32,7 @@ def register_comm_hook(model: DistributedDataParallel, hook: Any, wrapper: Any =
             raise ValueError(f"comm_wrapper={wrapper.value!r} only wraps a PowerSGD hook, not comm_hook={hook.value!r}.")
         model.register_comm_hook(state=None, hook=plain[hook])
         return
-    function = power[hook]
+    function: Callable[..., Any] = power[hook]  # a wrapper below returns a hook of another signature
     wrappers = {DDPCommunicationHookType.FP16: default_hooks.fp16_compress_wrapper,
                 DDPCommunicationHookType.BF16: default_hooks.bf16_compress_wrapper}
     if wrapper in wrappers:

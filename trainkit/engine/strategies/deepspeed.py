@@ -50,7 +50,7 @@ def build_optimizer(spec: dict[str, Any], placeholder: DummyOptim) -> torch.opti
     parameters; its ``lr`` and ``weight_decay`` fill what the block left ``"auto"``."""
     kinds = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}
     fill = {**placeholder.kwargs, "lr": placeholder.lr, "weight_decay": placeholder.weight_decay}
-    kwargs = {key: fill.get(key) if value is None else value for key, value in spec["params"].items()}
+    kwargs: dict[str, Any] = {key: fill.get(key) if value is None else value for key, value in spec["params"].items()}
     for key in ("betas", "eps"):  # "auto" with nothing to fill it: torch's defaults are DeepSpeed's
         if kwargs.get(key, 0) is None:
             del kwargs[key]
@@ -83,9 +83,10 @@ class DeepSpeedSchedule(torch.optim.lr_scheduler.LRScheduler):
         self.warmup_type = str(params.get("warmup_type", "log"))
         if self.warmup_type not in ("log", "linear"):
             raise ConfigError(f"scheduler.params.warmup_type {self.warmup_type!r}: use 'log' or 'linear'.")
-        self.total_num_steps = params.get("total_num_steps")
-        if kind != "WarmupLR" and self.total_num_steps is None:
+        total = params.get("total_num_steps")
+        if kind != "WarmupLR" and total is None:
             raise ConfigError(f"scheduler {kind} needs total_num_steps (or \"auto\" with a known training length).")
+        self.total_num_steps: int = int(total) if total is not None else 0  # read by WarmupDecayLR/WarmupCosineLR only
         self.min_lr = float(params.get("warmup_min_lr", 0.0))
         self.max_lr = params.get("warmup_max_lr")
         self.warmup_min_ratio = float(params.get("warmup_min_ratio", 0.0))
@@ -110,7 +111,7 @@ class DeepSpeedSchedule(torch.optim.lr_scheduler.LRScheduler):
             return max(0.0, (self.total_num_steps - step) / max(1.0, self.total_num_steps - self.warmup_num_steps))
         return 1.0
 
-    def get_lr(self) -> list[float]:
+    def get_lr(self) -> list[float | torch.Tensor]:  # torch's LRScheduler.get_lr type
         factor = self._factor(max(self.last_epoch, 0))
         if self.kind == "WarmupCosineLR":
             return [base * factor for base in self.base_lrs]

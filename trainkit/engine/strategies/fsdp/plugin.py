@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from trainkit.config.errors import ConfigError
-from trainkit.config.fsdp import FSDPOptions, parse_reshard_after_forward
+from trainkit.config.fsdp import FSDPOptions, option_name, parse_option
 from trainkit.config.values import parse_mixed_precision
 from trainkit.engine.strategies.fsdp.pretrained_loading import load_on_rank0_only
 
@@ -30,6 +30,12 @@ _PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # names: tr
 def _enum_name(value: Any) -> Any:
     """torch's FSDP1 enums by name (``ShardingStrategy._HYBRID_SHARD_ZERO2`` -> "HYBRID_SHARD_ZERO2")."""
     return value.name.lstrip("_") if isinstance(value, enum.Enum) else value
+
+
+# Fields that are not FSDP options (or not only): read by the strategy as they are, never parsed as options.
+_PLUGIN_ONLY = frozenset({"fsdp_version", "mixed_precision_policy", "ignored_modules", "state_dict_config",
+                          "optim_state_dict_config", "limit_all_gathers", "param_init_fn",
+                          "activation_checkpointing_offload", "options", "explicit_options"})
 
 
 @dataclasses.dataclass
@@ -101,46 +107,12 @@ class FullyShardedDataParallelPlugin:
     def __post_init__(self) -> None:
         where = "FullyShardedDataParallelPlugin(...)"
         self._refuse_fsdp1_only_options(where)
-        values: dict[str, Any] = {}
-        strategy = _enum_name(self.sharding_strategy)
-        reshard = self.reshard_after_forward
-        if reshard is not None:  # the same parser as the launcher's fsdp_reshard_after_forward key
-            strategy = parse_reshard_after_forward(reshard, key="reshard_after_forward", where=where)
-        if strategy is not None:
-            values["sharding_strategy"] = strategy
-        if self.backward_prefetch is not None:
-            values["backward_prefetch"] = _enum_name(self.backward_prefetch)
-        if isinstance(self.auto_wrap_policy, (str, enum.Enum)):
-            values["auto_wrap_policy"] = _enum_name(self.auto_wrap_policy)
-        elif self.auto_wrap_policy is not None and not callable(self.auto_wrap_policy):
-            raise ConfigError(f"auto_wrap_policy in {where} must be a name or a policy callable, "
-                              f"got {self.auto_wrap_policy!r}.")
-        if self.cpu_offload is not None:
-            values["offload_params"] = getattr(self.cpu_offload, "offload_params", self.cpu_offload)
-        state_dict_type = _enum_name(self.state_dict_type)
-        if state_dict_type is None and self.state_dict_config is not None:
-            # A config object alone says which kind is wanted, as in torch's FSDP.set_state_dict_type.
-            sharded = "Sharded" in type(self.state_dict_config).__name__
-            state_dict_type = "SHARDED_STATE_DICT" if sharded else "FULL_STATE_DICT"
-        if state_dict_type is not None:
-            if state_dict_type == "LOCAL_STATE_DICT":
-                raise ConfigError(f"state_dict_type LOCAL_STATE_DICT in {where} has no FSDP2 equivalent: "
-                                  "use SHARDED_STATE_DICT (resharding on load) or FULL_STATE_DICT.")
-            values["state_dict_type"] = state_dict_type
-        for name in ("sync_module_states", "forward_prefetch", "activation_checkpointing",
-                     "cpu_ram_efficient_loading", "use_orig_params", "min_num_params", "hybrid_shard_group_size"):
-            if getattr(self, name) is not None:
-                values[name] = getattr(self, name)
-        if self.transformer_cls_names_to_wrap is not None:
-            values["transformer_layer_cls_to_wrap"] = self.transformer_cls_names_to_wrap
+        values = self._given_options(where)
         if values.get("cpu_ram_efficient_loading") and "sync_module_states" not in values:
             values["sync_module_states"] = True  # the only way the other ranks get weights
-        options = FSDPOptions()  # defaults; the user's values are validated below, naming this plugin
-        for name, value in values.items():
-            setattr(options, name, value)
-        options.validate(where)
+        options = FSDPOptions.from_parsed(values, where=where)
         self.options = options
-        self.explicit_options = {name: getattr(options, name) for name in values}
+        self.explicit_options = dict(values)
         self._write_back_normalised()
         self.param_dtype(None)  # validates mixed_precision_policy now, not at prepare
         if self.limit_all_gathers is False:  # use_orig_params=False is announced with the resolved config
@@ -150,6 +122,45 @@ class FullyShardedDataParallelPlugin:
             logger.warning("fsdp_version=%s requested: trainkit runs FSDP2 (fully_shard) only.", self.fsdp_version)
         if self.options.cpu_ram_efficient_loading:
             load_on_rank0_only()  # before the script's from_pretrained: other ranks build on meta
+
+    def _given_options(self, where: str) -> dict[str, Any]:
+        """The options this plugin's fields set, each read by its one parser (``parse_option``), keyed by
+        internal name. A field maps to the option its name spells (``config.fsdp.ALIASES``: ``cpu_offload``,
+        ``transformer_cls_names_to_wrap``, ``reshard_after_forward``); what only a plugin can hold (torch's
+        enums and config objects, a policy callable) is reduced to the plain value first."""
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            if field.name in _PLUGIN_ONLY or option_name(field.name) not in FSDPOptions.field_names():
+                continue
+            if field.name == "sharding_strategy" and self.reshard_after_forward is not None:
+                continue  # Accelerate: reshard_after_forward (FSDP2's spelling) overrides sharding_strategy
+            value = self._plain_value(field.name, where)
+            if value is not None:
+                name, parsed = parse_option(field.name, value, where)
+                values[name] = parsed
+        return values
+
+    def _plain_value(self, field_name: str, where: str) -> Any:
+        """A field's value as plain data: torch's enums by name, CPUOffload by its flag, a config object by kind."""
+        value = getattr(self, field_name)
+        if field_name == "cpu_offload":
+            return getattr(value, "offload_params", value)
+        if field_name == "auto_wrap_policy":
+            if isinstance(value, (str, enum.Enum)) or value is None:
+                return _enum_name(value)
+            if not callable(value):
+                raise ConfigError(f"auto_wrap_policy in {where} must be a name or a policy callable, got {value!r}.")
+            return None  # a callable is used as it is (wrap_policy); the option stays "decide from the model"
+        if field_name == "state_dict_type":
+            value = _enum_name(value)
+            if value is None and self.state_dict_config is not None:
+                # A config object alone says which kind is wanted, as in torch's FSDP.set_state_dict_type.
+                value = "SHARDED_STATE_DICT" if "Sharded" in type(self.state_dict_config).__name__ else "FULL_STATE_DICT"
+            if value == "LOCAL_STATE_DICT":
+                raise ConfigError(f"state_dict_type LOCAL_STATE_DICT in {where} has no FSDP2 equivalent: "
+                                  "use SHARDED_STATE_DICT (resharding on load) or FULL_STATE_DICT.")
+            return value
+        return _enum_name(value)
 
     def _refuse_fsdp1_only_options(self, where: str) -> None:
         """Accelerate's options that trainkit's FSDP2 path cannot honour: the default only, else a clear error."""
@@ -170,17 +181,16 @@ class FullyShardedDataParallelPlugin:
     def _write_back_normalised(self) -> None:
         """Show the resolved values in the plugin's own fields (Accelerate's scripts read them)."""
         options = self.options
-        self.sharding_strategy = options.sharding_strategy
-        self.backward_prefetch = options.backward_prefetch
-        if not callable(self.auto_wrap_policy) or isinstance(self.auto_wrap_policy, (str, enum.Enum)):
-            self.auto_wrap_policy = options.auto_wrap_policy
-        self.cpu_offload = options.offload_params
-        self.state_dict_type = options.state_dict_type
-        self.transformer_cls_names_to_wrap = options.transformer_layer_cls_to_wrap
-        for name in ("sync_module_states", "forward_prefetch", "activation_checkpointing", "cpu_ram_efficient_loading",
-                     "use_orig_params", "min_num_params", "hybrid_shard_group_size"):
-            setattr(self, name, getattr(options, name))
-        self.reshard_after_forward = options.reshard_after_forward
+        for field in dataclasses.fields(self):
+            name = option_name(field.name)
+            if field.name in _PLUGIN_ONLY or field.name == "reshard_after_forward" \
+                    or name not in FSDPOptions.field_names():
+                continue
+            if field.name == "auto_wrap_policy" and callable(self.auto_wrap_policy) \
+                    and not isinstance(self.auto_wrap_policy, (str, enum.Enum)):
+                continue  # the user's callable stays
+            setattr(self, field.name, getattr(options, name))
+        self.reshard_after_forward = options.reshard_after_forward  # FSDP2's boolean view of the strategy
         self.activation_checkpointing_offload = False  # the only value trainkit accepts (refused above otherwise)
 
     @classmethod
@@ -189,16 +199,26 @@ class FullyShardedDataParallelPlugin:
 
         The engine itself never round-trips through a plugin: launcher and ``TrainingArguments`` options go
         from the configuration resolver straight to the FSDP strategy."""
-        return cls(
-            sharding_strategy=options.sharding_strategy, backward_prefetch=options.backward_prefetch,
-            auto_wrap_policy=options.auto_wrap_policy, cpu_offload=options.offload_params,
-            state_dict_type=options.state_dict_type, use_orig_params=options.use_orig_params,
-            sync_module_states=options.sync_module_states, forward_prefetch=options.forward_prefetch,
-            activation_checkpointing=options.activation_checkpointing,
-            cpu_ram_efficient_loading=options.cpu_ram_efficient_loading,
-            transformer_cls_names_to_wrap=options.transformer_layer_cls_to_wrap,
-            min_num_params=options.min_num_params, hybrid_shard_group_size=options.hybrid_shard_group_size,
-        )
+        given = {field.name: getattr(options, option_name(field.name)) for field in dataclasses.fields(cls)
+                 if field.init and field.name not in _PLUGIN_ONLY and field.name != "reshard_after_forward"
+                 and option_name(field.name) in FSDPOptions.field_names()}
+        return cls(**given)
+
+    @classmethod
+    def showing(cls, options: FSDPOptions) -> FullyShardedDataParallelPlugin:
+        """A plugin whose fields show ``options`` and whose ``options`` *is* that object (nothing parsed again).
+
+        What ``accelerator.state.fsdp_plugin`` is when FSDP came from the launcher or ``TrainingArguments``
+        rather than from a plugin: Accelerate builds that plugin from the launcher's settings, so scripts read
+        the options in force there."""
+        plugin = cls.__new__(cls)
+        for field in dataclasses.fields(cls):
+            if field.init:
+                setattr(plugin, field.name, None if field.default is dataclasses.MISSING else field.default)
+        plugin.options = options
+        plugin.explicit_options = {}
+        plugin._write_back_normalised()
+        return plugin
 
     # -- what the strategy reads ---------------------------------------------------------------------
     @property

@@ -38,7 +38,7 @@ from trainkit.engine.strategies.fsdp import pretrained_loading
 from trainkit.engine.strategies.fsdp import rank0_weights
 from trainkit.engine.strategies.fsdp import sharding
 from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
-from trainkit.engine.precision.amp import Precision
+from trainkit.engine.precision.base import Precision
 from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
@@ -62,8 +62,10 @@ class FSDPStrategy(Strategy):
         ``plugin`` supplies what plain data cannot: policy callables, ignored modules, torch's config objects.
         ``precision``: settings to rebuild with this strategy's scaler (the Accelerator calls ``build_precision``)."""
         super().__init__(state)
-        self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin()
-        self.options = options if options is not None else self.plugin.options
+        self.options = options if options is not None else plugin.options if plugin is not None else FSDPOptions()
+        # No plugin given (launcher or TrainingArguments options): a plugin view of the resolved options, so that
+        # state.fsdp_plugin shows the options in force, as Accelerate's does.
+        self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin.showing(self.options)
         # id(original parameter) -> (weak reference to it, its sharded replacement): lets an optimizer
         # built before prepare() find the DTensor parameter that replaced each of its parameters.
         self._replacements: dict[int, tuple[weakref.ref, nn.Parameter]] = {}

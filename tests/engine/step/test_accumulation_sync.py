@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.distributed import run_torchrun
+from tests.distributed import ENGINE_WORKERS, run_torchrun
 
-WORKER = Path(__file__).parent / "workers" / "accumulation_sync.py"
+WORKER = ENGINE_WORKERS / "accumulation_sync.py"
 pytestmark = pytest.mark.multiprocess
 
 

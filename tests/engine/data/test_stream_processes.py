@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import run_python, run_torchrun
+from tests.distributed import ENGINE_WORKERS, run_python, run_torchrun
 
-WORKER = Path(__file__).parent / "workers" / "stream_checks.py"
+WORKER = ENGINE_WORKERS / "stream_checks.py"
 SCENARIOS = ["counting_w0", "counting_w2", "json_w0", "json_w2"]
 ALL_IDS = {
     "counting": sorted(shard * 100 + i for shard in range(8) for i in range(6)),

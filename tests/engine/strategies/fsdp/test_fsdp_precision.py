@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import run_torchrun, worker_env
+from tests.distributed import ENGINE_WORKERS, run_torchrun, worker_env
 
 pytestmark = pytest.mark.multiprocess
 
-WORKER = Path(__file__).parent / "workers" / "fsdp_precision.py"
+WORKER = ENGINE_WORKERS / "fsdp_precision.py"
 
 
 @pytest.fixture(scope="module")

@@ -18,11 +18,11 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from tests.distributed import REPO, free_port, run_torchrun, worker_env
+from tests.distributed import ENGINE_WORKERS, REPO, free_port, run_torchrun, worker_env
 from trainkit.engine.strategies.fsdp import pretrained_loading
 from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
-WORKER = Path(__file__).parent / "workers" / "fsdp_pretrained_loading.py"
+WORKER = ENGINE_WORKERS / "fsdp_pretrained_loading.py"
 LAUNCH_YAML = """\
 distributed_type: FSDP
 num_processes: 2

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import run_python, run_torchrun, worker_env
+from tests.distributed import ENGINE_WORKERS, run_python, run_torchrun, worker_env
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
-WORKER = Path(__file__).parent / "workers" / "accelerate_resume.py"
+WORKER = ENGINE_WORKERS / "accelerate_resume.py"
 CPU_ENV = worker_env(CUDA_VISIBLE_DEVICES="")  # gloo on CPU even where GPUs exist
 MODES = {
     "one_process": lambda out: run_python(WORKER, "--out", out, env=CPU_ENV, timeout=300),

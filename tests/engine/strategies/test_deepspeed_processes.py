@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.cli.cli_helpers import SCRIPTS, explain, reports, trainkit
-from tests.distributed import run_torchrun
+from tests.distributed import ENGINE_WORKERS, run_torchrun
 
 pytestmark = pytest.mark.multiprocess
-WORKER = Path(__file__).parent / "workers" / "deepspeed_runs.py"
+WORKER = ENGINE_WORKERS / "deepspeed_runs.py"
 STAGES = ["zero0", "zero1", "zero2", "zero3", "zero3_offload"]
 
 

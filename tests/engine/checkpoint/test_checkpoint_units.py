@@ -31,7 +31,7 @@ from trainkit.engine.checkpoint import sharded_io, state_io
 from trainkit.engine.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainkit.utils.dataclasses import ProjectConfiguration
 
-PACKAGE = Path(__file__).resolve().parents[2] / "trainkit" / "engine" / "checkpoint"
+PACKAGE = Path(__file__).resolve().parents[3] / "trainkit" / "engine" / "checkpoint"
 
 
 # -- pickle-free state ------------------------------------------------------------------------------

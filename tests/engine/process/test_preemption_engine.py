@@ -9,8 +9,9 @@ from pathlib import Path
 
 from tests.cli.cli_helpers import trainkit
 from trainkit.engine.checkpoint import verify_checkpoint
+from tests.distributed import ENGINE_WORKERS
 
-WORKER = Path(__file__).resolve().parent / "workers" / "preemption_loop.py"
+WORKER = ENGINE_WORKERS / "preemption_loop.py"
 
 
 def test_check_preemption_saves_exits_75_and_a_restart_resumes_bitwise(tmp_path):

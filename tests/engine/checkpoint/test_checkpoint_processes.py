@@ -16,9 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.distributed import run_python, run_torchrun
+from tests.distributed import ENGINE_WORKERS, run_python, run_torchrun
 
-WORKER = Path(__file__).parent / "workers" / "ckpt_train.py"
+WORKER = ENGINE_WORKERS / "ckpt_train.py"
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 COMMON = ("--save-at", "4", "7", "--fp16")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import (
+    ENGINE_WORKERS,
     FSDP_ISSUE_YAML,
     REPO,
     free_port,
@@ -27,7 +28,7 @@ from trainkit.config import LaunchConfig, write_launch_handoff
 
 pytestmark = pytest.mark.multiprocess
 
-WORKERS = Path(__file__).parent / "workers"
+WORKERS = ENGINE_WORKERS
 CPU_ENV = worker_env(device="cpu")  # gloo on CPU even where a GPU exists (ranks would share it)
 LOSS_TOLERANCE = 1e-4
 ISSUE_YAML = FSDP_ISSUE_YAML

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import run_torchrun, worker_env
+from tests.distributed import ENGINE_WORKERS, run_torchrun, worker_env
 
-sys.path.insert(0, str(Path(__file__).parent / "workers"))
+sys.path.insert(0, str(ENGINE_WORKERS))
 from fsdp_zoo import MODELS  # noqa: E402
 
 pytestmark = pytest.mark.multiprocess
 
-WORKER = Path(__file__).parent / "workers" / "fsdp_model_matrix.py"
+WORKER = ENGINE_WORKERS / "fsdp_model_matrix.py"
 CPU_ENV = worker_env(CUDA_VISIBLE_DEVICES="")  # gloo on CPU even where a GPU exists
 LOSS_TOLERANCE = 1e-4
 POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")

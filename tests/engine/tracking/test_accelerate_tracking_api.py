@@ -6,7 +6,7 @@ import pytest
 
 import trainkit.tracking
 from trainkit import Accelerator
-from trainkit.engine import tracking as engine_tracking
+from trainkit.engine.tracking import registry as engine_tracking
 from trainkit.engine.process.state import ProcessState
 from trainkit.tracking import (
     GeneralTracker,
@@ -20,7 +20,7 @@ from trainkit.tracking import (
 @pytest.fixture(autouse=True)
 def _fresh_state(monkeypatch):
     # Registering is process-wide: each test registers into copies, so no tracker leaks into later tests.
-    monkeypatch.setattr(engine_tracking, "_OPTIONAL", dict(engine_tracking._OPTIONAL))
+    monkeypatch.setattr(engine_tracking, "OPTIONAL_TRACKERS", dict(engine_tracking.OPTIONAL_TRACKERS))
     monkeypatch.setattr(trainkit.tracking, "LOGGER_TYPE_TO_CLASS", dict(trainkit.tracking.LOGGER_TYPE_TO_CLASS))
     ProcessState.reset()
     yield

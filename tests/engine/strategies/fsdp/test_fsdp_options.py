@@ -113,7 +113,7 @@ def test_wrap_class_not_in_model_lists_its_classes(bert) -> None:
 
 
 def test_strategy_rejects_bad_wrap_class_before_touching_the_model(bert) -> None:
-    from trainkit.engine.precision.amp import Precision
+    from trainkit.engine.precision.base import Precision
     from trainkit.engine.process.state import ProcessState
     from trainkit.engine.strategies.fsdp.strategy import FSDPStrategy
 

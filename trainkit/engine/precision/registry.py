@@ -1,0 +1,69 @@
+"""Which class runs each mixed-precision mode, and on which device types: the one table that
+``Accelerator(mixed_precision=...)`` and ``TrainingArguments(fp16=, bf16=, use_cpu=)`` are checked against.
+
+Adding a precision is a file with a :class:`~trainkit.engine.precision.base.Precision` subclass and one entry
+here (plus its name in ``trainkit.config.values.MIXED_PRECISIONS``, the launcher's vocabulary). Classes are
+imported when first built, so a precision whose library is heavy costs nothing until it is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainkit.config.errors import ConfigError
+from trainkit.config.values import parse_mixed_precision
+from trainkit.engine.precision.base import Precision
+from trainkit.engine.process.devices import DEVICE_TYPES
+
+
+@dataclass(frozen=True)
+class PrecisionEntry:
+    """One mode: the class that implements it (``"module:Class"``) and the device types it runs on."""
+
+    target: str
+    runs_on: tuple[str, ...] = DEVICE_TYPES
+
+
+PRECISION_REGISTRY: dict[str, PrecisionEntry] = {
+    "no": PrecisionEntry("trainkit.engine.precision.base:Precision"),
+    # fp16 on CPU autocasts to float16 and scales the loss with a CPU GradScaler.
+    "fp16": PrecisionEntry("trainkit.engine.precision.amp:AutocastPrecision"),
+    "bf16": PrecisionEntry("trainkit.engine.precision.amp:AutocastPrecision"),
+}
+
+PRECISIONS: tuple[str, ...] = tuple(PRECISION_REGISTRY)
+"""The modes the engine implements (equal to ``trainkit.config.values.MIXED_PRECISIONS``; a test pins it)."""
+
+PRECISION_DEVICES: dict[str, tuple[str, ...]] = {mode: entry.runs_on for mode, entry in PRECISION_REGISTRY.items()}
+"""The device types each precision runs on (:func:`check_precision_device` reads it)."""
+
+
+def check_precision_device(mode: str, device_type: str, *, where: str) -> None:
+    """Raise when precision ``mode`` does not run on ``device_type`` (per :data:`PRECISION_DEVICES`)."""
+    runs_on = PRECISION_DEVICES.get(mode, ())
+    if device_type not in runs_on:
+        raise ConfigError(f"{where}: mixed precision {mode!r} does not run on {device_type}; it runs on "
+                          f"{', '.join(runs_on) or 'no device'}.")
+
+
+def precision_class(mode: str) -> type[Precision]:
+    """The class registered for ``mode`` (imported on first use)."""
+    module_name, _, class_name = PRECISION_REGISTRY[mode].target.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(cls, type) and issubclass(cls, Precision)):
+        raise TypeError(f"{PRECISION_REGISTRY[mode].target} is registered for mixed precision {mode!r} "
+                        "but is not a trainkit.engine.precision.base.Precision subclass.")
+    return cls
+
+
+def build_precision(mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None,
+                    scaler_class: type[torch.amp.GradScaler] | None = None,
+                    where: str = "Accelerator(mixed_precision=...)") -> Precision:
+    """Validate ``mode`` (with a did-you-mean) and its device, then build its precision object."""
+    mode = parse_mixed_precision(mode, where=where)
+    check_precision_device(mode, device.type, where=where)
+    return precision_class(mode)(mode, device, scaler_kwargs, scaler_class=scaler_class)

@@ -1,0 +1,62 @@
+"""TensorBoard event files (needs ``tensorboard``; imported when the tracker starts)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from trainkit.engine.tracking.base import GeneralTracker, jsonable, warn_skipped
+
+
+
+class TensorBoardTracker(GeneralTracker):
+    """Scalars to TensorBoard event files in ``<logging_dir>/<run_name>``.
+
+    Numbers become scalars, strings text, and a dict of numbers one ``add_scalars`` group (each entry in
+    its own ``<run>/<key>_<entry>`` sub-run, plotted together), as Accelerate writes them.
+    """
+
+    name = "tensorboard"
+    requires_logging_directory = True
+
+    def __init__(self, run_name: str, logging_dir: str, **kwargs: Any) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(os.path.join(logging_dir, run_name), **kwargs)
+
+    @property
+    def tracker(self) -> Any:
+        """The ``SummaryWriter``."""
+        return self.writer
+
+    def store_init_configuration(self, values: Mapping[str, Any]) -> None:
+        self.writer.add_text("config", json.dumps(jsonable(dict(values)), indent=2))
+
+    def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        for key, value in values.items():
+            value = jsonable(value)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(key, value, global_step=step)
+            elif isinstance(value, str):
+                self.writer.add_text(key, value, global_step=step)
+            elif isinstance(value, dict):
+                self.writer.add_scalars(key, _numbers_only(key, value), global_step=step)
+            else:
+                warn_skipped(self.name, key, value)
+        self.writer.flush()
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+def _numbers_only(key: str, values: Mapping[str, Any]) -> dict[str, float]:
+    numbers = {}
+    for name, value in values.items():
+        value = jsonable(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            numbers[str(name)] = value
+        else:
+            warn_skipped("tensorboard", f"{key}/{name}", value)
+    return numbers
