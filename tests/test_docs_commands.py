@@ -53,6 +53,12 @@ SKIPPED: dict[str, str] = {
                                                            "tests/cli/test_elastic_launch.py runs these on loopback",
     ".venv/bin/python benchmarks/": "a benchmark: minutes of CPU, run by hand (benchmarks/README.md)",
     "python benchmarks/fsdp_step_memory.py --device cuda": "a benchmark on a GPU (docs/fsdp.md's figures for CUDA)",
+    # docs/clusters-ray.md: Ray is an optional extra, absent from the tests' default environment
+    "pip install 'trainkit[ray]'": "installs Ray from the registry (network)",
+    "python -m pytest tests/cluster/test_ray_train.py": "the Ray Train tests themselves (skipped without Ray)",
+    "python tests/cluster/scripts/ray_driver.py": "needs Ray; tests/cluster/test_ray_train.py runs exactly this",
+    "trainkit launch --num_processes 2 tests/cluster/scripts/": "the reference runs of tests/cluster/test_ray_train.py "
+                                                                "(which runs them beside the Ray runs)",
 }
 
 

@@ -7,6 +7,8 @@ words: in ``trainkit launch`` before any worker starts, and in each worker under
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from trainkit.config.errors import ConfigError
@@ -28,14 +30,36 @@ def check_processes_fit_gpus(processes_per_machine: int, gpu_count: int, *, wher
     )
 
 
-def choose_device(local_rank: int, local_world_size: int, *, cpu: bool) -> torch.device:
-    """This process's device: the CPU when asked or when there is no GPU, else GPU ``local_rank``.
+def choose_device(local_rank: int, local_world_size: int, *, cpu: bool, assigned: str | None = None) -> torch.device:
+    """This process's device: the CPU when asked or when there is no GPU, else the GPU the launcher assigned
+    (``assigned``, from ``ACCELERATE_TORCH_DEVICE``), else GPU ``local_rank``.
 
-    The GPU becomes the process's current CUDA device, so kernels and NCCL use it without being told.
+    Ray Train assigns each worker its GPU and names it in ``ACCELERATE_TORCH_DEVICE`` (Accelerate reads the
+    same variable): its index among the visible GPUs need not be the local rank. The GPU becomes the
+    process's current CUDA device, so kernels and NCCL use it without being told.
     """
-    if cpu or not torch.cuda.is_available():
+    named = _named_device(assigned) if assigned is not None else None
+    if cpu or not torch.cuda.is_available() or (named is not None and named.type == "cpu"):
         return torch.device("cpu")
+    if named is not None:
+        index = 0 if named.index is None else named.index
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"ACCELERATE_TORCH_DEVICE={assigned!r}: only {torch.cuda.device_count()} GPU(s) visible "
+                              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')!r}).")
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     check_processes_fit_gpus(local_world_size, torch.cuda.device_count(),
                              where="Accelerator() under a launcher")
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
+
+
+def _named_device(assigned: str) -> torch.device:
+    try:
+        device = torch.device(assigned)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in DEVICE_TYPES:
+        raise ConfigError(f"ACCELERATE_TORCH_DEVICE={assigned!r}: trainkit computes on {' or '.join(DEVICE_TYPES)} "
+                          "(e.g. 'cuda:0' or 'cpu'); unset it to use GPU LOCAL_RANK.")
+    return device

@@ -2,7 +2,9 @@
 
 One :class:`ProcessState` exists per process; every ``Accelerator`` in the process shares it.
 torchrun (and ``trainkit launch``) set RANK / WORLD_SIZE / LOCAL_RANK / LOCAL_WORLD_SIZE; under
-``srun`` the SLURM_* variables are read instead.
+``srun`` the SLURM_* variables are read instead. Ray Train's ``TorchTrainer`` sets torchrun's variables, names
+each worker's device in ``ACCELERATE_TORCH_DEVICE`` and creates the process group before the training function
+runs: that group is used as it is (see :meth:`ProcessState.ensure_process_group`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class LaunchEnvironment:
     local_rank: int = 0
     local_world_size: int = 1
     source: str = "single process"
+    assigned_device: str | None = None
+    """The device the launcher gave this process (``ACCELERATE_TORCH_DEVICE``, set by Ray Train), if any."""
 
     @property
     def node_rank(self) -> int:
@@ -52,6 +56,7 @@ class LaunchEnvironment:
 def read_launch_environment(environ: dict[str, str] | None = None) -> LaunchEnvironment:
     """Read rank and world size from torchrun's variables, else from srun's, else a single process."""
     env = os.environ if environ is None else environ
+    assigned = env.get("ACCELERATE_TORCH_DEVICE") or None
     if "WORLD_SIZE" in env and "RANK" in env:
         world = int(env["WORLD_SIZE"])
         local_world = int(env.get("LOCAL_WORLD_SIZE", world))
@@ -61,6 +66,7 @@ def read_launch_environment(environ: dict[str, str] | None = None) -> LaunchEnvi
             local_rank=int(env.get("LOCAL_RANK", 0)),
             local_world_size=local_world,
             source="torchrun",
+            assigned_device=assigned,
         )
     # srun sets SLURM_STEP_NUM_TASKS for a job step; a bare sbatch script does not, and is one process.
     if "SLURM_PROCID" in env and int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
@@ -76,8 +82,9 @@ def read_launch_environment(environ: dict[str, str] | None = None) -> LaunchEnvi
             local_rank=int(env.get("SLURM_LOCALID", 0)),
             local_world_size=local_world,
             source="slurm",
+            assigned_device=assigned,
         )
-    return LaunchEnvironment()
+    return LaunchEnvironment(assigned_device=assigned)
 
 
 def _export_slurm_rendezvous(launch: LaunchEnvironment) -> None:
@@ -118,7 +125,9 @@ class ProcessState(AccelerateStateAPI):
         self.timeout = timeout
         self._owns_process_group = False
         self._releases: list[Callable[[], None]] = []
-        if self.world_size > 1:
+        if dist.is_available() and dist.is_initialized():
+            self._adopt_process_group()
+        elif self.world_size > 1:
             self.ensure_process_group()
 
     @classmethod
@@ -141,7 +150,21 @@ class ProcessState(AccelerateStateAPI):
         cls._instance = None
 
     def _choose_device(self, cpu: bool) -> torch.device:
-        return choose_device(self.local_rank, self.local_world_size, cpu=cpu)
+        return choose_device(self.local_rank, self.local_world_size, cpu=cpu, assigned=self.launch.assigned_device)
+
+    def _adopt_process_group(self) -> None:
+        """Use the default process group someone else created (Ray Train's ``TorchTrainer`` does, before the
+        training function runs): its backend is the backend; it is never destroyed here. Its rank and size
+        must be the ones the environment gave, or every rank-dependent decision would be wrong."""
+        group_rank, group_world = dist.get_rank(), dist.get_world_size()
+        if (group_rank, group_world) != (self.rank, self.world_size):
+            raise RuntimeError(
+                f"A process group already exists with rank {group_rank} of {group_world}, but the environment says "
+                f"rank {self.rank} of {self.world_size} (RANK / WORLD_SIZE, read from {self.launch.source}). Set "
+                "RANK, WORLD_SIZE and LOCAL_RANK to the group's values before creating the Accelerator (torchrun "
+                "and Ray Train's TorchTrainer do).")
+        self.backend = str(dist.get_backend())
+        logger.info("Using the existing %s process group: rank %d of %d", self.backend, self.rank, self.world_size)
 
     def ensure_process_group(self) -> None:
         """Initialise the default process group if nobody has (also for a world of one, which FSDP needs)."""
