@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "trainkit"
-MAX_FILE_LINES = 600
+MAX_FILE_LINES = 650  # a symptom to look at: crossing it asks which concept should move out, never a cut by lines
 MAX_FUNCTION_LINES = 60
 # "module:function" -> why it may be longer. Keep this list short; prefer splitting the function.
 LONG_FUNCTIONS_ALLOWED: dict[str, str] = {

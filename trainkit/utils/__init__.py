@@ -83,6 +83,7 @@ globals().update(_CONSTANTS)
 
 _LAZY = {
     "FullyShardedDataParallelPlugin": "trainkit.engine.strategies.fsdp.plugin",
+    "ParallelismConfig": "trainkit.config.parallelism",
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "skip_first_batches": "trainkit.data_loader",

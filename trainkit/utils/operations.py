@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from trainkit.engine.process import collectives
-from trainkit.engine.process.collectives import broadcast, broadcast_object_list, gather, gather_object
+from trainkit.engine.process import collectives
+from trainkit.engine.process.collectives import broadcast, broadcast_object_list, gather
 from trainkit.engine.data.device import send_to_device as _send_nest_to_device
 from trainkit.engine.process.operation_checks import DistributedOperationException, verify_operation
 from trainkit.engine.precision.amp import to_float32
@@ -55,6 +56,11 @@ __all__ = [
     "slice_tensors", "verify_operation", "wait_for_everyone",
 ]
 
+
+
+def gather_object(object: Any) -> list[Any]:  # noqa: A002 - Accelerate's name
+    """Gather picklable objects from every process (Accelerate's signature: all processes, no group)."""
+    return collectives.gather_object(object)
 
 def _same_mapping_type(original: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
     """``items`` as the mapping class of ``original`` (dict, OrderedDict, BatchEncoding, ...), whose constructor
