@@ -11,7 +11,7 @@ import torch
 
 from tests.trainer.checkpoint_workload import final_weights, make_trainer
 from trainkit.engine.checkpoint import read_manifest
-from trainkit.trainer import checkpoints
+from trainkit.trainer.checkpointing import files as checkpoints
 
 pytestmark = pytest.mark.timeout(240)
 STEPS = 16

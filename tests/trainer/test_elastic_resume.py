@@ -21,7 +21,8 @@ def test_a_two_process_checkpoint_resumes_on_one_process_with_doubled_accumulati
     trainer = make_trainer(str(tmp_path / "stopped"), model_init=PlainRegressor)
     with caplog.at_level(logging.WARNING):
         output = trainer.train(resume_from_checkpoint=True)
-    assert trainer.args.gradient_accumulation_steps == 6 and output.global_step == 8
+    assert trainer.accelerator.config.gradient_accumulation_steps == 6 and output.global_step == 8
+    assert trainer.args.gradient_accumulation_steps == 3  # the arguments stay what the script wrote
     assert "World size 2 -> 1" in caplog.text and "gradient_accumulation_steps 3 -> 6" in caplog.text
     expected = load_file(str(tmp_path / "full.safetensors"))
     got = final_weights(trainer)
