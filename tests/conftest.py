@@ -20,6 +20,20 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test ends with the environment it started with.
+
+    Library code sets process-wide switches (transformers' FSDP loading flags, for one); a test that
+    triggers them would otherwise hand them to every later test and to the workers those launch.
+    """
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_process_state(request):
     """Each test starts without process state: on CPU, or (``gpu`` tests) on the device the engine picks."""
     from trainkit.engine.process.state import ProcessState
