@@ -1,6 +1,6 @@
 """Test-wide settings: offline hub, one thread per process (the machine has two cores), and the device.
 
-Device rule: a test runs on CPU unless it is marked ``gpu``. Tests that build an ``Accelerator`` or a
+Device rule: a test runs on CPU unless it is marked ``gpu``, and so do module-scoped fixtures. Tests that build an ``Accelerator`` or a
 ``Trainer`` in the pytest process get a fresh CPU process state (and it is torn down after them), so
 nothing leaks from one test into the next and results do not depend on the machine having a GPU;
 multi-process tests hide the GPUs from their workers (``tests.distributed.worker_env``).
@@ -31,6 +31,18 @@ def _environment_restored():
     if os.environ != before:
         os.environ.clear()
         os.environ.update(before)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu_process_state_for_module_fixtures():
+    """Module-scoped fixtures (a shared reference run) are set up before the per-test state below: give them
+    a CPU process state too, or on a GPU machine the engine would pick CUDA for them while the tests run on CPU."""
+    from trainkit.engine.process.state import ProcessState
+
+    ProcessState.reset()
+    ProcessState.get(cpu=True)
+    yield
+    ProcessState.reset()
 
 
 @pytest.fixture(autouse=True)

@@ -24,7 +24,6 @@ from safetensors.torch import load_file
 
 from tests.trainer.checkpoint_workload import DropoutRegressor, final_weights, make_trainer
 from trainkit.engine.checkpoint import read_manifest, verify_checkpoint
-from trainkit.engine.process.state import ProcessState
 from trainkit.trainer.checkpointing import files as checkpoints
 
 pytestmark = pytest.mark.timeout(180)
@@ -38,22 +37,14 @@ if torch.cuda.is_available():
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """One run of the workload, on CPU, with a checkpoint after every step: (output_dir, final weights).
-
-    A module fixture is set up before conftest's per-test CPU process state, so it makes its own: left to
-    itself the engine would pick CUDA on a GPU machine, and every test below would compare a CUDA run with
-    CPU runs (that is what made these tests fail on an H200 by up to 0.44 while passing on CPU machines).
-    """
+    """One run of the workload, on CPU (conftest's module-scoped process state), with a checkpoint after every
+    step: (output_dir, final weights). Left to itself the engine would pick CUDA on a GPU machine, and every test
+    below would compare a CUDA run with CPU runs (that made these tests fail on an H200 by up to 0.44)."""
     output_dir = str(tmp_path_factory.mktemp("uninterrupted") / "out")
-    ProcessState.reset()
-    ProcessState.get(cpu=True)
-    try:
-        trainer = make_trainer(output_dir)
-        assert trainer.accelerator.device.type == "cpu"
-        assert trainer.train().global_step == STEPS
-        return output_dir, final_weights(trainer)
-    finally:
-        ProcessState.reset()
+    trainer = make_trainer(output_dir)
+    assert trainer.accelerator.device.type == "cpu"
+    assert trainer.train().global_step == STEPS
+    return output_dir, final_weights(trainer)
 
 
 @pytest.fixture

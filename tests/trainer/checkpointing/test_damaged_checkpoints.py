@@ -24,6 +24,7 @@ STEPS, DAMAGED_STEP = 6, 4  # the damaged checkpoint lies before max_steps: the 
 def uninterrupted(tmp_path_factory):
     """The final weights of the workload run for STEPS steps without interruption."""
     trainer = make_trainer(str(tmp_path_factory.mktemp("uninterrupted") / "out"), max_steps=STEPS)
+    assert trainer.accelerator.device.type == "cpu"  # as the tests' runs (conftest), on a GPU machine too
     assert trainer.train().global_step == STEPS
     return final_weights(trainer)
 
