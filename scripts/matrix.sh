@@ -30,6 +30,7 @@ case "$cell" in
            tests/engine/checkpoint/test_checkpoint_units.py tests/engine/checkpoint/test_checkpoint_processes.py
            tests/trainer/checkpointing/test_checkpoints_processes.py tests/recipes/test_recipes.py tests/engine/strategies/fsdp/test_fsdp_options.py
            tests/trainer/test_arguments.py
+           tests/engine/strategies/fsdp/test_fsdp_pretrained_loading.py  # no accelerate here, as for users
            -k "not test_imdb_trainer_with_the_fsdp_config_verbatim and not test_plain_and_accelerator_mnist_loops_reach")
     ;;
   oldest)

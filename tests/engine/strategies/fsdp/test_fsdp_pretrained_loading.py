@@ -9,6 +9,7 @@ after ``Accelerator(deepspeed_plugin=...)`` with ``zero3_init_flag``, and throug
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -63,10 +64,39 @@ def test_other_ranks_build_on_meta_until_restored(rank, checkpoint: Path) -> Non
     assert pretrained_loading.load_on_rank0_only()
     model = GPT2LMHeadModel.from_pretrained(checkpoint, dtype=torch.bfloat16)
     assert all(p.is_meta for p in model.parameters()) and model.lm_head.weight is model.transformer.wte.weight
-    explicit = GPT2LMHeadModel.from_pretrained(checkpoint, device_map="cpu")  # the caller's choice wins
-    assert not any(p.is_meta for p in explicit.parameters())
+    # The caller's device_map wins: the call goes to transformers as written (which needs Accelerate for it).
+    if importlib.util.find_spec("accelerate") is not None:
+        explicit = GPT2LMHeadModel.from_pretrained(checkpoint, device_map="cpu")
+        assert not any(p.is_meta for p in explicit.parameters())
+    else:
+        with pytest.raises(ValueError, match="accelerate"):
+            GPT2LMHeadModel.from_pretrained(checkpoint, device_map="cpu")
     pretrained_loading.restore_from_pretrained()
     assert not any(p.is_meta for p in GPT2LMHeadModel.from_pretrained(checkpoint).parameters())
+
+
+def test_other_ranks_keep_configuration_keywords_and_need_no_accelerate(rank, checkpoint: Path) -> None:
+    """Built from the configuration ``from_pretrained`` would use (keywords and an explicit config included),
+    without ``device_map="meta"``, which transformers only takes with the ``accelerate`` package installed."""
+    from transformers import AutoModelForSequenceClassification, GPT2Config
+
+    rank(1)
+    pretrained_loading.load_on_rank0_only()
+    classifier = AutoModelForSequenceClassification.from_pretrained(checkpoint, num_labels=3, dtype="auto")
+    assert all(p.is_meta for p in classifier.parameters()) and classifier.score.out_features == 3
+    assert not classifier.training  # as from_pretrained returns models
+    configured = GPT2LMHeadModel.from_pretrained(checkpoint, config=GPT2Config.from_pretrained(checkpoint, n_layer=1))
+    assert all(p.is_meta for p in configured.parameters()) and len(configured.transformer.h) == 1
+
+
+def test_restoring_unsets_transformers_flags(rank) -> None:
+    """Left set, the flags make transformers zero the weights of later loads on ranks other than 0."""
+    import os
+
+    rank(1)
+    pretrained_loading.load_on_rank0_only()
+    pretrained_loading.restore_from_pretrained()
+    assert not any(name in os.environ for name in pretrained_loading.TRANSFORMERS_FLAGS)
 
 
 def test_rank0_loads_normally_and_transformers_is_told(rank, checkpoint: Path) -> None:
