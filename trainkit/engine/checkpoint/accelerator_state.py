@@ -172,7 +172,8 @@ def _resolve_input_dir(accelerator: Accelerator, input_dir: str | os.PathLike | 
         raise ValueError("load_state needs an input_dir (or ProjectConfiguration(automatic_checkpoint_naming=True)).")
     run_dir = _project_dir(accelerator, "load_state") if input_dir is None else None
     return find_resume_folder(input_dir, run_dir, latest_when_unset=True, conventions=[ACCELERATOR_CONVENTION],
-                              automatic_reason=elastic_reason(accelerator.config.elastic))
+                              automatic_reason=elastic_reason(accelerator.config.elastic),
+                              io=checkpoint_io_of(accelerator))
 
 
 def _read_optional(directory: str, name: str) -> Any:

@@ -6,6 +6,8 @@ the complete checkpoint with the highest N of the first convention that has any 
 skipped, with a warning); resuming from the latest automatically takes the newest one that also verifies
 (sizes and checksums), so one damaged checkpoint costs the steps since the one before it, not the run. When torchelastic restarts a job's workers (``trainkit launch --max_restarts``),
 the unchanged script resumes from the latest by itself, or starts afresh when none was written yet.
+Folders are listed and verified through the run's storage backend (:class:`~.storage.CheckpointIO`), so a
+backend that writes elsewhere is also where resuming looks.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import os
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .atomic import decide_on_rank0, latest_complete_checkpoint, list_checkpoints, verify_checkpoint
+from .atomic import decide_on_rank0
 from .errors import CorruptedCheckpointError, IncompleteCheckpointError
+from .storage import DEFAULT_CHECKPOINT_IO, CheckpointIO
 
 logger = logging.getLogger(__name__)
 
@@ -51,31 +54,33 @@ def restart_count() -> int:
         return 0
 
 
-def latest_checkpoint_in(run_dir: str, conventions: Sequence[FolderConvention] = ALL_CONVENTIONS) -> str | None:
+def latest_checkpoint_in(run_dir: str, conventions: Sequence[FolderConvention] = ALL_CONVENTIONS,
+                         io: CheckpointIO = DEFAULT_CHECKPOINT_IO) -> str | None:
     """The newest complete checkpoint under ``run_dir``, in the first convention that has one (one process)."""
     for convention in conventions:
-        latest = latest_complete_checkpoint(os.path.join(run_dir, convention.subfolder), convention.prefix)
+        latest = io.latest(os.path.join(run_dir, convention.subfolder), convention.prefix)
         if latest is not None:
             return latest
     return None
 
 
-def _complete_newest_first(run_dir: str, conventions: Sequence[FolderConvention]) -> list[str]:
+def _complete_newest_first(run_dir: str, conventions: Sequence[FolderConvention], io: CheckpointIO) -> list[str]:
     """One process: the complete checkpoints of the first convention that has any, newest first."""
     for convention in conventions:
         parent = os.path.join(run_dir, convention.subfolder)
-        if latest_complete_checkpoint(parent, convention.prefix) is not None:  # warns about newer incomplete ones
-            return [entry.path for entry in reversed(list_checkpoints(parent, convention.prefix)) if entry.complete]
+        if io.latest(parent, convention.prefix) is not None:  # warns about newer incomplete ones
+            return [entry.path for entry in reversed(io.list(parent, convention.prefix)) if entry.complete]
     return []
 
 
-def newest_sound_checkpoint(run_dir: str, conventions: Sequence[FolderConvention] = ALL_CONVENTIONS) -> str | None:
+def newest_sound_checkpoint(run_dir: str, conventions: Sequence[FolderConvention] = ALL_CONVENTIONS,
+                            io: CheckpointIO = DEFAULT_CHECKPOINT_IO) -> str | None:
     """Collective: the newest complete checkpoint under ``run_dir`` whose files match their checksums; newer
     ones that do not are skipped with a warning naming what is wrong (and left in place)."""
-    candidates = decide_on_rank0("list the checkpoints", lambda: _complete_newest_first(run_dir, conventions))
+    candidates = decide_on_rank0("list the checkpoints", lambda: _complete_newest_first(run_dir, conventions, io))
     for folder in candidates:
         try:
-            verify_checkpoint(folder)
+            io.read(folder)
         except (CorruptedCheckpointError, IncompleteCheckpointError) as error:
             if _is_rank0():
                 logger.warning("Skipping %s for resuming: %s", folder, error)
@@ -87,7 +92,8 @@ def newest_sound_checkpoint(run_dir: str, conventions: Sequence[FolderConvention
 def find_resume_folder(requested: str | os.PathLike | bool | None, run_dir: str | None, *,
                        latest_when_unset: bool = False,
                        conventions: Sequence[FolderConvention] = ALL_CONVENTIONS,
-                       automatic_reason: str | None = None) -> str | None:
+                       automatic_reason: str | None = None,
+                       io: CheckpointIO = DEFAULT_CHECKPOINT_IO) -> str | None:
     """Collective: the checkpoint folder to resume from, or None to start from the beginning.
 
     ``requested``: a folder (must exist; loading verifies it); ``True``: the newest checkpoint under ``run_dir``
@@ -109,7 +115,7 @@ def find_resume_folder(requested: str | os.PathLike | bool | None, run_dir: str 
         return None
     if run_dir is None:
         raise ValueError("Resuming from the latest checkpoint needs the run's folder (output_dir or project_dir).")
-    latest = newest_sound_checkpoint(run_dir, conventions)
+    latest = newest_sound_checkpoint(run_dir, conventions, io)
     if latest is None and not reason:
         raise FileNotFoundError(f"No complete checkpoint under {run_dir} to resume from.")
     if reason and _is_rank0():

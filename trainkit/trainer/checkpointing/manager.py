@@ -13,9 +13,10 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.checkpoint import CorruptedCheckpointError, IncompleteCheckpointError, rotate_checkpoints
+from trainkit.engine.checkpoint import CorruptedCheckpointError, IncompleteCheckpointError
 from trainkit.engine.checkpoint.atomic import decide_on_rank0
 from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, elastic_reason, find_resume_folder
+from trainkit.engine.checkpoint.storage import CheckpointIO, checkpoint_io_of
 
 from . import files as checkpoints
 from . import preemption, resume
@@ -56,9 +57,13 @@ class CheckpointManager:
         """Main process: delete the oldest checkpoints beyond ``save_total_limit`` (never the best, the newest,
         nor the one resumed from); return what was deleted."""
         args, state = self.trainer.args, self.trainer.state
-        return rotate_checkpoints(args.output_dir, args.save_total_limit,
-                                  protected=[state.best_model_checkpoint, self._resumed_from],
-                                  prefix=checkpoints.PREFIX)
+        return self._io.rotate(args.output_dir, args.save_total_limit,
+                               protected=[state.best_model_checkpoint, self._resumed_from], prefix=checkpoints.PREFIX)
+
+    @property
+    def _io(self) -> CheckpointIO:
+        """The storage backend the Trainer's Accelerator writes with: rotation and resuming look there too."""
+        return checkpoint_io_of(self.trainer.accelerator)
 
     def resume_folder(self, requested: str | os.PathLike | bool | None) -> str | None:
         """Collective: the folder ``train(resume_from_checkpoint=requested)`` resumes from (see
@@ -66,7 +71,7 @@ class CheckpointManager:
         output_dir = self.trainer.args.output_dir
         if requested is True:
             try:
-                self._verified = find_resume_folder(True, output_dir, conventions=[TRAINER_CONVENTION])
+                self._verified = find_resume_folder(True, output_dir, conventions=[TRAINER_CONVENTION], io=self._io)
             except FileNotFoundError:
                 raise ValueError(f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint.") from None
             return self._verified
@@ -74,7 +79,8 @@ class CheckpointManager:
         if requested is None and decide_on_rank0("look for a preemption marker",
                                                  lambda: preemption.was_preempted(output_dir)):
             reason = f"The previous run in {output_dir} was stopped by a preemption signal"
-        folder = find_resume_folder(requested, output_dir, conventions=[TRAINER_CONVENTION], automatic_reason=reason)
+        folder = find_resume_folder(requested, output_dir, conventions=[TRAINER_CONVENTION], automatic_reason=reason,
+                                    io=self._io)
         self._verified = folder if requested is None else None  # chosen automatically: checksummed already
         return folder
 
