@@ -273,6 +273,7 @@ def test_log_with_accepts_logger_type_members(tmp_path):
     from trainkit import Accelerator
     from trainkit.utils import LoggerType
 
+    pytest.importorskip("tensorboard", reason="log_with='tensorboard' needs the optional tensorboard package")
     accelerator = Accelerator(cpu=True, log_with=LoggerType.TENSORBOARD, project_dir=str(tmp_path))
     assert accelerator.log_with == ["tensorboard"]
     with pytest.raises(Exception, match="comet_ml"):

@@ -73,6 +73,7 @@ def test_a_registered_tracker_class_is_started_by_name(tmp_path):
 
 def test_filter_trackers_expands_all_and_drops_repeats():
     assert "list_tracker" not in get_available_trackers()  # the registration above did not leak
+    pytest.importorskip("tensorboard", reason="filter_trackers(['tensorboard']) needs the optional tensorboard package")
     assert filter_trackers(["tensorboard", "tensorboard"], logging_dir="logs") == ["tensorboard"]
     assert set(filter_trackers("all", logging_dir="logs")) == set(get_available_trackers())
     with pytest.raises(ValueError, match="logging_dir"):
