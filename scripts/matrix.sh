@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run one compatibility cell of the CI matrix: its own venv (scripts/matrix_venv.sh, reused when unchanged)
-# and a subset of the tests, on CPU. The main job (Python 3.11, torch 2.13 CPU, newest transformers, whole
-# suite) is scripts/test.sh.
+# and a subset of the tests, on CPU (gpu-image: every in-process test, then chosen multi-process ones).
+# The main job (Python 3.11, torch 2.13 CPU, newest transformers, whole suite) is scripts/test.sh.
 #   usage: scripts/matrix.sh CELL [pytest args...]     CELL: gpu-image | oldest
 # Venvs live in $TRAINKIT_MATRIX_VENVS (default ~/.cache/trainkit/matrix), outside the checkout.
 set -euo pipefail
@@ -18,14 +18,17 @@ python_of() {  # the newest installed pyenv Python of a minor version, e.g. 3.12
 
 cell=${1:-}
 shift || true
+units=()  # a cell's in-process run, before its listed tests (empty: the listed tests only)
 case "$cell" in
   gpu-image)
-    # The stack of the CUDA image users run (Python 3.12, torch 2.11, transformers 5.17), here on CPU:
-    # the oldest declared torch; launcher, checkpoints, preemption, FSDP, recipes.
+    # The stack of the CUDA image users run (Python 3.12, torch 2.11, transformers 5.17), here on CPU, with
+    # the core dependencies only (no Accelerate, no trackers: as users install trainkit): every in-process test,
+    # then the multi-process ones of the launcher, checkpoints, preemption, FSDP and the recipes.
     python=$(python_of 3.12) specs=(torch==2.11.0 transformers==5.17.0)
+    units=(tests -m "not multiprocess and not slow")
     # Left to the main job for time: the trainer's resume-at-every-step tests, the two slowest recipes and the
     # FSDP strategy matrix (FSDP through the launcher is still run: the FSDP YAML launch and the sharded recipe).
-    tests=(tests/cli/test_cli_launch.py tests/cli/test_torchrun_compat.py tests/cli/test_preemption_settings.py
+    tests=(-m "multiprocess or slow" tests/cli/test_cli_launch.py tests/cli/test_torchrun_compat.py tests/cli/test_preemption_settings.py
            tests/cli/test_cli_units.py tests/trainer/checkpointing/test_preemption_processes.py tests/engine/process/test_preemption_engine.py
            tests/engine/checkpoint/test_checkpoint_units.py tests/engine/checkpoint/test_checkpoint_processes.py
            tests/trainer/checkpointing/test_checkpoints_processes.py tests/recipes/test_recipes.py tests/engine/strategies/fsdp/test_fsdp_options.py
@@ -54,4 +57,9 @@ bash scripts/matrix_venv.sh "$venv" "$python" "${specs[@]}"
   f"torch {torch.__version__}, transformers {transformers.__version__}")' "$cell"
 "$venv/bin/python" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE "^(datasets|evaluate) " || true
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-exec "$venv/bin/python" -m pytest -p no:cacheprovider "${tests[@]}" "$@"
+status=0
+if [ ${#units[@]} -gt 0 ]; then
+  "$venv/bin/python" -m pytest -p no:cacheprovider "${units[@]}" "$@" || status=$?
+fi
+"$venv/bin/python" -m pytest -p no:cacheprovider "${tests[@]}" "$@" || status=$?
+exit $status
