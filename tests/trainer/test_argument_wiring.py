@@ -112,6 +112,26 @@ def test_group_by_length_batches_similar_lengths(tmp_path):
     assert first["attention_mask"].sum(1).max() == 64  # transformers' order: the longest batch comes first
 
 
+def test_group_by_length_of_transformers_5_1_is_the_length_grouped_sampler(tmp_path):
+    """CPU: group_by_length=True (5.1's spelling) gives the batches of train_sampling_strategy='group_by_length'."""
+    def batches(**spelling):
+        args = _args(tmp_path, remove_unused_columns=False, **spelling)
+        trainer = Trainer(model=EchoModel(), args=args, train_dataset=VariableLengths(), data_collator=_pad_collator)
+        return [batch["attention_mask"].sum(1).tolist() for batch in trainer.get_train_dataloader()]
+
+    assert batches(group_by_length=True) == batches(train_sampling_strategy="group_by_length")
+    assert batches(group_by_length=True) != batches()
+
+
+def test_logging_dir_of_transformers_5_1_is_where_tensorboard_writes(tmp_path):
+    """CPU: logging_dir (5.1's name) is the folder of the TensorBoard event files; the JSONL log stays in output_dir."""
+    pytest.importorskip("tensorboard", reason="report_to='tensorboard' needs the optional tensorboard package")
+    args = _args(tmp_path / "out", report_to="tensorboard", logging_dir=str(tmp_path / "tb"))
+    Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(8)).train()
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tb"))
+    assert (tmp_path / "out" / "logs" / "metrics.jsonl").exists()
+
+
 def test_sequential_sampling_keeps_dataset_order(tmp_path):
     args = _args(tmp_path, train_sampling_strategy="sequential", per_device_train_batch_size=5)
     batch = next(iter(Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(13)).get_train_dataloader()))
