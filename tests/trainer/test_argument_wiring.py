@@ -154,6 +154,30 @@ def test_model_side_fields(tmp_path):
     assert torch.equal(embeddings(ids), embeddings(ids))
 
 
+def test_neftune_takes_the_installed_transformers_hook_and_finds_a_peft_models_embeddings():
+    """CPU: the hook is the installed release's (transformers.integrations.neftune, or trainer_utils in 5.1); a PEFT
+    model's noise goes on its base model's embeddings; a model without input embeddings is named."""
+    import transformers
+
+    from trainkit.trainer.neftune import activate_neftune, noise_hook
+
+    hook = noise_hook()
+    assert hook.__module__.startswith("transformers.") and hook.__name__ == "neftune_post_forward_hook"
+    assert hook is (getattr(getattr(transformers, "integrations", None), "neftune", None) or transformers.trainer_utils
+                    ).neftune_post_forward_hook
+    with pytest.raises(ValueError, match="get_input_embeddings"):
+        activate_neftune(nn.Linear(2, 2), 5.0)
+    peft = pytest.importorskip("peft", reason="the PEFT case needs the optional peft package")
+    model = _tiny_gpt2()
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(target_modules=["c_attn"]))
+    handle = activate_neftune(wrapped, 5.0)
+    embeddings, ids = model.get_input_embeddings(), torch.arange(8)[None]
+    wrapped.train()
+    assert embeddings.neftune_noise_alpha == 5.0 and not torch.equal(embeddings(ids), embeddings(ids))
+    handle.remove()
+    assert torch.equal(embeddings(ids), embeddings(ids))
+
+
 def _checkpointing_is_on(model) -> bool:
     """Read through the property the installed transformers has (is_activation_checkpointing from 5.23)."""
     if hasattr(type(model), "is_activation_checkpointing"):
