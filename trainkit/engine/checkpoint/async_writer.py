@@ -30,6 +30,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .atomic import _all_gather
+from .background_gather import WriterMesh, gather_full
 from .errors import CheckpointError
 from .staging import DeferredWrites, HostBufferPool, describe, recording, staging_fits
 from .state_io import write_tensors_now, write_text_now
@@ -64,6 +65,7 @@ class BackgroundCheckpointWriter:
         self._error: BaseException | None = None
         self._group: Any = None
         self._group_ready = False
+        self._mesh: WriterMesh | None = None
         self.last_blocked_s: float | None = None
         """Seconds the last save kept its caller (the training loop) waiting."""
         self.last_durable_s: float | None = None
@@ -138,11 +140,17 @@ class BackgroundCheckpointWriter:
                metadata: dict[str, Any] | None, after_commit: AfterCommit | None, group: Any, started: float) -> None:
         from .sharded_io import write_sharded_now  # DCP is imported when first needed, as model_state does
 
+        def write_gathered(tensors: dict[str, Any], path: str, write: bool) -> None:
+            assert self._mesh is not None  # gathered writes are recorded only where the writer has a group
+            full = gather_full(tensors, self._mesh)  # every rank takes part; rank 0 keeps the full tensors
+            if write and full:
+                write_tensors_now(full, path)
+
         try:
             # Text files are not fsynced one by one: the commit's checksum pass fsyncs every file before the
             # manifest, as it does the tensor files (one fsync per file instead of two).
             failure = recorder.replay(write_tensors_now, lambda tensors, path: write_sharded_now(tensors, path, group),
-                                      lambda text, path: write_text_now(text, path, fsync=False))
+                                      lambda text, path: write_text_now(text, path, fsync=False), write_gathered)
             io.commit(staging, final_dir, error=failure, metadata=metadata, group=group)
             self.last_durable_s = time.perf_counter() - started
             if after_commit is not None:
@@ -158,6 +166,7 @@ class BackgroundCheckpointWriter:
             self._group_ready = True
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 self._group = dist.new_group(backend="gloo")
+                self._mesh = WriterMesh(self._group)
         return self._group
 
 

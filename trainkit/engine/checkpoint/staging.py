@@ -39,7 +39,8 @@ def active_recorder() -> DeferredWrites | None:
 class DeferredWrite:
     """One recorded tensor write: which writer, its tensors (originals, then staged copies) and its path."""
 
-    kind: str  # "safetensors" (one file, this process), "sharded" (DCP folder, collective) or "text" (JSON)
+    kind: str  # "safetensors" (one file, this process), "sharded" (DCP folder, collective), "gathered" (full
+    # tensors gathered onto rank 0, which writes them as one safetensors file: collective) or "text" (JSON)
     tensors: dict[str, torch.Tensor]
     path: str
     text: str = ""
@@ -146,14 +147,20 @@ class DeferredWrites:
 
     def replay(self, write_safetensors: Callable[[dict[str, torch.Tensor], str], None],
                write_sharded: Callable[[dict[str, torch.Tensor], str], None],
-               write_text: Callable[[str, str], None]) -> BaseException | None:
+               write_text: Callable[[str, str], None],
+               write_gathered: Callable[[dict[str, torch.Tensor], str, bool], None] | None = None) -> BaseException | None:
         """Run the recorded writes; return the first error (after it, files of this process are skipped, but
-        sharded writes still run: they are collective, and the other ranks wait in them)."""
+        sharded and gathered writes still run: they are collective, and the other ranks wait in them;
+        ``write_gathered``'s last argument says whether to write the file after gathering)."""
         failure: BaseException | None = None
         for write in self.writes:
             try:
                 if write.kind == "sharded":
                     write_sharded(write.tensors, write.path)
+                elif write.kind == "gathered":
+                    if write_gathered is None:
+                        raise RuntimeError(f"{write.path}: a gathered write needs the writer's gather")
+                    write_gathered(write.tensors, write.path, failure is None)
                 elif failure is None and write.kind == "text":
                     write_text(write.text, write.path)
                 elif failure is None:
