@@ -72,6 +72,8 @@ class BackgroundCheckpointWriter:
         """Seconds from the start of the last save until its checkpoint was committed (durable and visible)."""
         self.skipped = 0
         """Saves skipped because one was in flight (``when_busy="skip"``)."""
+        self.written = 0
+        """Saves this writer committed (in the background or, where staging did not fit, synchronously)."""
         _flush_at_exit.add(self)
 
     # -- state of the save in flight ------------------------------------------------------------------
@@ -153,6 +155,7 @@ class BackgroundCheckpointWriter:
                                       lambda text, path: write_text_now(text, path, fsync=False), write_gathered)
             io.commit(staging, final_dir, error=failure, metadata=metadata, group=group)
             self.last_durable_s = time.perf_counter() - started
+            self.written += 1
             if after_commit is not None:
                 after_commit(final_dir)
         except BaseException as error:  # kept for the training loop, which raises it at its next step or save

@@ -22,15 +22,16 @@ GATHERED = "gathered"
 """The deferred-write kind of a full-tensor file gathered by the writer (see :mod:`.staging`)."""
 
 
-def _is_dtensor(value: Any) -> bool:
+def is_dtensor(value: Any) -> bool:
+    """Whether ``value`` is a DTensor (asked without importing DTensor)."""
     return callable(getattr(value, "to_local", None)) and hasattr(value, "placements")
 
 
 def gathers_in_background(tensors: dict[str, torch.Tensor]) -> bool:
     """Whether the writer can gather ``tensors`` (some DTensors, all on a 1-D mesh of every rank, Shard/Replicate)."""
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
-    dtensors = [value for value in tensors.values() if _is_dtensor(value)]
+    dtensors = [value for value in tensors.values() if isinstance(value, DTensor)]
     if not dtensors or not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return False
     world = list(range(dist.get_world_size()))
@@ -69,7 +70,7 @@ def gather_full(tensors: dict[str, torch.Tensor], mesh: WriterMesh) -> dict[str,
     keep = dist.get_rank() == 0
     full: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
-        if _is_dtensor(value):
+        if is_dtensor(value):
             assert isinstance(value, DTensor)
             spec = DTensorSpec(mesh.get(), value.placements, tensor_meta=value._spec.tensor_meta)
             value = DTensor(value._local_tensor, spec, requires_grad=False).full_tensor()

@@ -56,6 +56,14 @@ def sharded_optimizer_dir(index: int) -> str:
 
 
 # -- saving --------------------------------------------------------------------------------------------
+def _may_gather_later(model: nn.Module) -> bool:
+    """Cheap first test (no state dict): an asynchronous save is being captured and the model has DTensors."""
+    from .background_gather import is_dtensor
+    from .staging import active_recorder
+
+    return active_recorder() is not None and any(is_dtensor(parameter) for parameter in model.parameters())
+
+
 def _gather_later(tensors: dict[str, torch.Tensor], path: str) -> bool:
     """While an asynchronous save is captured: record full tensors to be gathered from these shards by the
     background writer (every rank), and return True; False where it cannot (the caller gathers now)."""
@@ -76,7 +84,8 @@ def save_model(strategy: Strategy, model: nn.Module, directory: str, index: int,
         _sharded_io().save_sharded(state, os.path.join(directory, sharded_model_dir(index)))
         return
     # Asynchronous: the shards are staged and the background writer gathers them (see .background_gather).
-    if _gather_later(strategy.model_state_dict(model, full=False), os.path.join(directory, model_file(index))):
+    if _may_gather_later(model) and _gather_later(strategy.model_state_dict(model, full=False),
+                                                  os.path.join(directory, model_file(index))):
         return
     state = strategy.model_state_dict(model, full=True, cpu_offload=True)
     if is_main:
@@ -105,9 +114,7 @@ def _save_optimizer_gathered_later(strategy: Strategy, model: nn.Module, optimiz
                                    directory: str, index: int, is_main: bool) -> bool:
     """The full optimizer files of an asynchronous save, from the shards: the JSON now (the full state's structure
     is the sharded one's), the tensors gathered by the background writer. False where that is not possible."""
-    from .staging import active_recorder
-
-    if active_recorder() is None:
+    if not _may_gather_later(model):
         return False
     skeleton, tensors = state_io.encode_state(strategy.optimizer_state_dict(model, optimizer, full=False))
     name = optimizer_name(index)

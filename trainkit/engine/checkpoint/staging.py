@@ -62,9 +62,10 @@ class HostBufferPool:
         """Bytes of new buffers that staging ``writes`` would allocate (those the pool cannot reuse)."""
         total = 0
         for write in writes:
+            place = _place(write, root)
             for key, tensor in write.tensors.items():
                 local = _local(tensor)
-                if not _fits(self._buffers.get(_slot(write, key, root)), local):
+                if not _fits(self._buffers.get((place, key)), local):
                     total += _nbytes(local)
         return total
 
@@ -74,8 +75,9 @@ class HostBufferPool:
         wait_for_device = False
         for write in writes:
             staged: dict[str, torch.Tensor] = {}
+            place = _place(write, root)
             for key, tensor in write.tensors.items():
-                slot = _slot(write, key, root)
+                slot = (place, key)
                 local = _local(tensor).detach()
                 buffer = self._buffers.get(slot)
                 if not _fits(buffer, local):
@@ -99,9 +101,10 @@ class HostBufferPool:
                         "(reused by every save).", self.nbytes / 2**20)
 
 
-def _slot(write: DeferredWrite, key: str, root: str) -> tuple[str, str]:
-    # The staging folder's name changes with every save; the file's place inside it does not.
-    return os.path.relpath(write.path, root), key
+def _place(write: DeferredWrite, root: str) -> str:
+    # The staging folder's name changes with every save; the file's place inside it does not. A buffer's slot
+    # is (place, key).
+    return os.path.relpath(write.path, root)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
