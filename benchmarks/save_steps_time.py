@@ -6,7 +6,8 @@ process, once per mode and repeat, interleaved: ``none`` (``save_strategy="no"``
 for it, the default) and ``async-skip`` (the same with ``async_save_when_busy="skip"``: that save is skipped);
 ``save_total_limit=2`` so the disk does not fill. The step time is the median of the per-step wall times after the
 first 3 steps (``mean_s`` too: waits for a write show there first). For the asynchronous modes, how many saves
-were written and skipped. One JSON line per repeat on stdout.
+were written and skipped, and the mean time a save kept the loop inside ``save_state`` (staging, plus with ``async``
+the wait for the previous write). One JSON line per repeat on stdout.
 
     .venv/bin/python benchmarks/save_steps_time.py
 """
@@ -78,7 +79,8 @@ def run(mode: str, steps: int, width: int, batch: int, scratch: str) -> dict[str
                                       "mean_s": round(statistics.mean(per_step), 4)}
     writer = getattr(trainer.accelerator, "_checkpoint_writer", None)
     if writer is not None:
-        result.update(written=writer.written, skipped=writer.skipped)
+        result.update(written=writer.written, skipped=writer.skipped,
+                      blocked_ms_per_save=round(1000 * writer.blocked_s_total / max(1, writer.written + writer.skipped), 1))
     return result
 
 

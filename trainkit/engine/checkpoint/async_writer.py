@@ -72,6 +72,8 @@ class BackgroundCheckpointWriter:
         """Seconds from the start of the last save until its checkpoint was committed (durable and visible)."""
         self.skipped = 0
         """Saves skipped because one was in flight (``when_busy="skip"``)."""
+        self.blocked_s_total = 0.0
+        """Seconds all saves of this writer kept the loop waiting (staging, and waits for a save in flight)."""
         self.written = 0
         """Saves this writer committed (in the background or, where staging did not fit, synchronously)."""
         _flush_at_exit.add(self)
@@ -107,6 +109,7 @@ class BackgroundCheckpointWriter:
             if _rank() == 0:
                 logger.warning("Checkpoint %s skipped: the previous one is still being written "
                                "(async_save_when_busy='skip').", final_dir)
+            self._blocked_since(started)
             return None
         self.flush()
         group = self._writer_group()
@@ -131,12 +134,16 @@ class BackgroundCheckpointWriter:
             logger.warning("Checkpoint %s is written synchronously: %s.", final_dir, figures)
             write()
             self.raise_pending_error()
-            self.last_blocked_s = time.perf_counter() - started
+            self._blocked_since(started)
             return final_dir
         self._thread = threading.Thread(target=write, name=WRITER_THREAD_NAME, daemon=False)
         self._thread.start()
-        self.last_blocked_s = time.perf_counter() - started
+        self._blocked_since(started)
         return final_dir
+
+    def _blocked_since(self, started: float) -> None:
+        self.last_blocked_s = time.perf_counter() - started
+        self.blocked_s_total += self.last_blocked_s
 
     def _write(self, io: CheckpointIO, recorder: DeferredWrites, staging: str, final_dir: str,
                metadata: dict[str, Any] | None, after_commit: AfterCommit | None, group: Any, started: float) -> None:
