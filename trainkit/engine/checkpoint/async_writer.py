@@ -21,6 +21,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 import weakref
@@ -149,6 +151,9 @@ class BackgroundCheckpointWriter:
                metadata: dict[str, Any] | None, after_commit: AfterCommit | None, group: Any, started: float) -> None:
         from .sharded_io import write_sharded_now  # DCP is imported when first needed, as model_state does
 
+        if self.when_busy == "skip" and threading.current_thread().name == WRITER_THREAD_NAME:
+            _yield_cores_to_training()  # training first; with "wait" the loop may wait for this thread, so not
+
         def write_gathered(tensors: dict[str, Any], path: str, write: bool) -> None:
             assert self._mesh is not None  # gathered writes are recorded only where the writer has a group
             full = gather_full(tensors, self._mesh)  # every rank takes part; rank 0 keeps the full tensors
@@ -178,6 +183,22 @@ class BackgroundCheckpointWriter:
                 self._group = dist.new_group(backend="gloo")
                 self._mesh = WriterMesh(self._group)
         return self._group
+
+
+WRITER_NICENESS = 10
+"""With ``when_busy="skip"``, how much lower than the training threads' the writer thread's CPU priority is (Linux):
+where cores are short, the loop keeps its share and the write takes the cycles left (it becomes durable later, and
+more saves find it busy and are skipped). Not with ``"wait"``: the loop may have to wait for the writer, and a
+thread that lowered its priority cannot raise it again without privileges."""
+
+
+def _yield_cores_to_training() -> None:
+    """Lower this writer thread's CPU priority (Linux schedules threads alone: ``setpriority`` on the thread id
+    changes this thread only; elsewhere it would name a process, so nothing is done)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            thread_id = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, thread_id, os.getpriority(os.PRIO_PROCESS, thread_id) + WRITER_NICENESS)
 
 
 def _rank() -> int:
