@@ -4,16 +4,19 @@
 A save then blocks training only while the state is captured: small JSON files written, every tensor copied
 into host buffers reused between saves (:mod:`.staging`). A thread of the same process writes the tensor
 files, checksums and commits them with the same atomic protocol as a synchronous save, on a process group of
-its own, so its collectives never interleave with the loop's; then it rotates old checkpoints. A checkpoint
-becomes visible only when every rank's part is written and checked, exactly as before: a kill at any moment
-leaves the previous checkpoint valid and the new one absent.
+its own, so its collectives never interleave with the loop's; then it rotates old checkpoints. A full-state
+checkpoint of a sharded model is gathered onto rank 0 by the writers too, on that group
+(:mod:`.background_gather`). A checkpoint becomes visible only when every rank's part is written and checked,
+exactly as before: a kill at any moment leaves the previous checkpoint valid and the new one absent.
 
 At most one save is in flight. A save that finds one still running waits for it (``async_save_when_busy="wait"``,
-the default: no requested checkpoint is lost) or is skipped on every rank with a warning (``"skip"``). A failure
-of the writer is raised in the training loop at the next ``backward``, ``save_state``, ``load_state`` or
-``end_training``, naming the checkpoint and the cause. ``load_state``, ``end_training`` and interpreter exit
-wait for the save in flight. Where the host cannot hold the staged copy, that save is written synchronously,
-with a one-line notice.
+the default: no requested checkpoint is lost) or is skipped on every rank with a warning (``"skip"``; the writer
+thread then also runs at a lower CPU priority, so training keeps its cores). The writer is a thread, not a
+process: its heavy parts run without the GIL, and it reads the staged buffers in place (docs/checkpoints.md has
+the measurement). A failure of the writer is raised in the training loop at the next ``backward``,
+``save_state``, ``load_state`` or ``end_training``, naming the checkpoint and the cause. ``load_state``,
+``end_training`` and interpreter exit wait for the save in flight. Where the host cannot hold the staged copy,
+that save is written synchronously, with a one-line notice.
 """
 
 from __future__ import annotations
