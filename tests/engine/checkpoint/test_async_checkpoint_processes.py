@@ -102,3 +102,20 @@ def test_a_full_state_dict_save_gathered_by_the_writer_is_byte_identical_to_a_sy
     assert {"model.safetensors", "optimizer.safetensors"} <= set(result["checksums"]["async"])
     # Each rank staged its own shards (a gather in the loop would leave rank 1 nothing to stage).
     assert all(staged > 0 for staged in result["staged_bytes"]), result["staged_bytes"]
+
+
+def test_a_rank_killed_while_the_writers_gather_a_full_state_checkpoint_resumes_bitwise(tmp_path):
+    """FSDP2 FULL_STATE_DICT, async saves, 2 gloo processes (CPU): rank 1 is SIGKILLed while the background writers
+    gather the step-3 checkpoint onto rank 0; the step-2 one stays the newest complete, and a resumed run ends
+    bitwise as an uninterrupted one."""
+    full = ("--fsdp", "FULL_STATE_DICT")
+    _run(tmp_path, "reference", tmp_path / "reference", *full)
+    project = tmp_path / "gather"
+    killed = _run(tmp_path, "killed", project, *full, "--async-save", "--fault", "1:3:gather", check=False)
+    assert killed.returncode != 0 and "SIGKILL while the writers gather" in killed.stderr, killed.stderr[-3000:]
+    checkpoints = project / "checkpoints"
+    assert _saved_step(latest_complete_checkpoint(str(checkpoints))) == 2
+    assert all(is_complete(str(p)) for p in checkpoints.iterdir() if not p.name.startswith("."))
+    _run(tmp_path, "resumed", project, *full, "--async-save", "--resume", "latest", "--seed", "7")
+    assert_bitwise_equal(_weights(tmp_path, "reference"), _weights(tmp_path, "resumed"))
+    assert_order_continues(_record(tmp_path, "reference"), _record(tmp_path, "resumed"), from_step=2)
