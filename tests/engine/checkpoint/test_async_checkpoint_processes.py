@@ -1,5 +1,6 @@
-"""Asynchronous checkpoints on 2 gloo processes (CPU, DDP): kills at several points of a background write, a
-preemption during one, a disk-full error, and exact resume through all of it.
+"""Asynchronous checkpoints on 2 gloo processes (CPU, DDP; FSDP2 FULL_STATE_DICT for the background gather): kills
+at several points of a background write, a preemption during one, a disk-full error, and exact resume through all
+of it.
 
 One chain of launches shares one project folder: each run resumes from the newest complete checkpoint, saves
 after every optimizer step in the background, and is stopped by the next fault; the last run resumes with
