@@ -65,15 +65,15 @@ def gather_full(tensors: dict[str, torch.Tensor], mesh: WriterMesh) -> dict[str,
 
     Tensors are gathered one at a time, so other ranks hold one full tensor at most."""
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor._dtensor_spec import DTensorSpec
 
     keep = dist.get_rank() == 0
     full: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
         if is_dtensor(value):
             assert isinstance(value, DTensor)
-            spec = DTensorSpec(mesh.get(), value.placements, tensor_meta=value._spec.tensor_meta)
-            value = DTensor(value._local_tensor, spec, requires_grad=False).full_tensor()
+            # The same shard on the writer's mesh (public API; global shape and stride given, nothing checked).
+            value = DTensor.from_local(value.to_local(), device_mesh=mesh.get(), placements=value.placements,
+                                       run_check=False, shape=value.shape, stride=value.stride()).full_tensor()
         if keep:
             full[key] = value
     return full
