@@ -367,7 +367,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             setattr(model, "_trainkit_original_forward", model.forward)
             setattr(model, "forward", self.precision.wrap_forward(model.forward))
         if sharded_by_transformers(model):  # from_pretrained(distributed_config=...) placed and sharded it already
-            check_run_matches(model, self.strategy.data_parallel_size, self.num_processes)
+            check_run_matches(model, self.parallel_dims.config if self.parallel_dims else None, self.num_processes)
         elif not evaluation_mode:
             compile_model(model, self.dynamo_plugin)  # in place, before sharding or wrapping
         wrapped = model if sharded_by_transformers(model) else model.to(self.device) if evaluation_mode else \

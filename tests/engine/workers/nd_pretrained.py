@@ -1,7 +1,8 @@
 """A model transformers sharded while loading it (from_pretrained(distributed_config=...)) under trainkit (CPU, gloo).
 
-Modes: ``sharded PRETRAINED OUT`` (4 processes: DistributedConfig(tp_size=2, fsdp_size=2)) and ``single PRETRAINED
-OUT`` (one plain process, the reference). Each: the Trainer trains the loaded model (no parallelism_config given:
+Modes: ``sharded PRETRAINED OUT`` (4 processes: DistributedConfig(tp_size=2, fsdp_size=2) where the installed
+transformers composes the two, else DistributedConfig(fsdp_size=4); see :func:`loading_layout`) and ``single
+PRETRAINED OUT`` (one plain process, the reference). Each: the Trainer trains the loaded model (no parallelism_config given:
 it follows the model's layout), saves it with save_model, and reports the per-step loss and gradient norm;
 the sharded mode first checks that an Accelerator whose data layout differs from the model's refuses it.
 """
@@ -18,6 +19,17 @@ from nd_launched import Samples  # noqa: E402
 from nd_parallel import ACCUMULATION, CLIP, GLOBAL, LR, STEPS  # noqa: E402
 
 
+def loading_layout() -> dict:
+    """What the installed transformers shards on 4 processes. Releases whose DistributedConfig has
+    ``dp_replicate_size`` build one (pp, dp_replicate, fsdp, tp) mesh and compose TP with FSDP: TP2 x FSDP2.
+    Earlier 5.x (5.17) apply tp_size or fsdp_size, not both (TP alone on 2 of the 4 processes): FSDP over all 4."""
+    from transformers import DistributedConfig
+
+    if "dp_replicate_size" in DistributedConfig.__dataclass_fields__:
+        return dict(tp_size=2, fsdp_size=2)
+    return dict(fsdp_size=4)
+
+
 def main(mode: str, pretrained: str, out: Path) -> None:
     from transformers import DistributedConfig, LlamaForCausalLM
 
@@ -25,7 +37,7 @@ def main(mode: str, pretrained: str, out: Path) -> None:
 
     results: dict = {}
     if mode == "sharded":
-        config = DistributedConfig(tp_size=2, fsdp_size=2)
+        config = DistributedConfig(**loading_layout())
         model = LlamaForCausalLM.from_pretrained(pretrained, distributed_config=config)
         try:
             Accelerator().prepare(model)  # plain DDP over 4 processes would read 4 different batches
@@ -33,7 +45,7 @@ def main(mode: str, pretrained: str, out: Path) -> None:
             results["refusal"] = str(error)
         Accelerator().free_memory()
         model = LlamaForCausalLM.from_pretrained(pretrained, distributed_config=config)
-        data_parallel = 2
+        data_parallel = 4 // config.tp_size
     else:
         model = LlamaForCausalLM.from_pretrained(pretrained)
         data_parallel = 1
