@@ -51,6 +51,23 @@ def test_trainer_keeps_the_transformers_sharded_model_and_trains_as_one_process(
         assert max(abs(a - b) / abs(b) for a, b in zip(sharded[key], single[key])) < RELATIVE
 
 
+def test_a_fresh_trainer_resumes_the_sharded_models_checkpoint_and_ends_as_the_uninterrupted_run(runs: dict) -> None:
+    """The sharded run's Trainer checkpoint after 2 of 4 steps, resumed with a model loaded again with the same
+    distributed_config: the last 2 steps' losses and gradient norms, and the saved model, are the uninterrupted
+    run's (which matches one process, above)."""
+    from safetensors.torch import load_file
+
+    resumed, uninterrupted = runs["sharded"]["resumed"], runs["sharded"]
+    assert resumed["steps"] == [1, 2, 3, 4]  # the checkpoint's history, then the 2 steps trained after resuming
+    for key in ("losses", "norms"):
+        assert max(abs(a - b) / abs(b) for a, b in zip(resumed[key][2:], uninterrupted[key][2:])) < RELATIVE
+    final = load_file(runs["out"] / "saved_resumed" / "model.safetensors")
+    expected = load_file(runs["out"] / "saved_sharded" / "model.safetensors")
+    assert sorted(final) == sorted(expected)
+    for name, value in expected.items():
+        assert (final[name] - value).norm() / value.norm() < RELATIVE, name
+
+
 def test_saved_model_is_one_full_safetensors_file(runs: dict) -> None:
     from safetensors.torch import load_file
 
