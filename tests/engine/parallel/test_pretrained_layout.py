@@ -41,7 +41,8 @@ class Mesh:
 
 def _model(mesh: Mesh | None, flag: bool | None, tp_size: int, **config: int) -> nn.Module:
     model = nn.Linear(2, 2)
-    model.config = SimpleNamespace(distributed_config=SimpleNamespace(tp_size=tp_size, **config))  # type: ignore[assignment]
+    distributed = SimpleNamespace(tp_size=tp_size, **config)
+    model.config = SimpleNamespace(distributed_config=distributed)  # type: ignore[assignment]
     model._device_mesh = mesh  # type: ignore[assignment]
     model._tp_size = tp_size  # type: ignore[assignment]
     if flag is not None:

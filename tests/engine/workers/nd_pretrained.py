@@ -2,8 +2,8 @@
 
 Modes: ``sharded PRETRAINED OUT`` (4 processes: DistributedConfig(tp_size=2, fsdp_size=2) where the installed
 transformers composes the two, else DistributedConfig(fsdp_size=4); see :func:`loading_layout`) and ``single
-PRETRAINED OUT`` (one plain process, the reference). Each: the Trainer trains the loaded model (no parallelism_config given:
-it follows the model's layout), saves it with save_model, and reports the per-step loss and gradient norm;
+PRETRAINED OUT`` (one plain process, the reference). Each: the Trainer trains the loaded model (no
+parallelism_config given: it follows the model's layout), saves it with save_model, and reports the per-step loss and gradient norm;
 the sharded mode first checks that an Accelerator whose data layout differs from the model's refuses it, saves a
 Trainer checkpoint after SAVE_AT steps, and at the end resumes it with a fresh model and Trainer.
 """

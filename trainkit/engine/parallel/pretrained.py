@@ -88,4 +88,5 @@ def check_run_matches(model: nn.Module, run: ParallelismConfig | None, world_siz
             f"{name} was sharded by from_pretrained(distributed_config=...) as {described}, but this Accelerator "
             f"runs {have} over {world_size} processes, so its ranks would not read data as the model is laid out. "
             f"Pass Accelerator(parallelism_config=ParallelismConfig(dp_replicate_size={layout.dp_replicate_size}, "
-            f"dp_shard_size={layout.dp_shard_size}, tp_size={layout.tp_size})) (trainkit's Trainer does this by itself).")
+            f"dp_shard_size={layout.dp_shard_size}, tp_size={layout.tp_size})) "
+            "(trainkit's Trainer does this by itself).")
