@@ -19,6 +19,8 @@ import torch
 
 from tests.distributed import ENGINE_WORKERS, REPO, run_python, worker_env
 
+pytestmark = pytest.mark.multiprocess  # 4 gloo processes (CPU)
+
 WORKER = ENGINE_WORKERS / "nd_launched.py"
 RELATIVE = 1e-5
 CONFIG = """compute_environment: LOCAL_MACHINE

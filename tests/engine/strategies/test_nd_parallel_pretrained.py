@@ -11,6 +11,8 @@ import torch
 
 from tests.distributed import ENGINE_WORKERS, run_python, run_torchrun
 
+pytestmark = pytest.mark.multiprocess  # 4 gloo processes (CPU)
+
 WORKER = ENGINE_WORKERS / "nd_pretrained.py"
 RELATIVE = 1e-5
 

@@ -17,6 +17,8 @@ import sys
 
 from tests.distributed import ENGINE_WORKERS, REPO, worker_env
 
+pytestmark = pytest.mark.multiprocess  # 4 gloo processes (CPU)
+
 WORKER = ENGINE_WORKERS / "nd_parallel.py"
 LAYOUTS = ("tp2_fsdp2", "tp2_ddp2", "hsdp2x2")
 TIES = ("untied", "tied")
