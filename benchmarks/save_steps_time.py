@@ -1,9 +1,13 @@
 """Trainer step time with a checkpoint after every step (``save_steps=1``): no saves vs synchronous vs asynchronous.
 
 A small MLP regressor (``--width`` hidden units, 4 layers, AdamW) trains ``--steps`` optimizer steps on one CPU
-process, three times per repeat, interleaved: ``save_strategy="no"``, ``save_steps=1``, and ``save_steps=1`` with
-``async_save=True`` (``save_total_limit=2`` so the disk does not fill). The step time is the median of the
-per-step wall times after the first 3 steps. One JSON line per repeat and configuration on stdout.
+process, once per mode and repeat, interleaved: ``none`` (``save_strategy="no"``), ``sync`` (``save_steps=1``),
+``async`` (``save_steps=1``, ``async_save=True``: a save that finds the previous one still being written waits
+for it, the default) and ``async-skip`` (the same with ``async_save_when_busy="skip"``: that save is skipped);
+``save_total_limit=2`` so the disk does not fill. The step time is the median of the per-step wall times after the
+first 3 steps (``mean_s`` too: waits for a write show there first). For the asynchronous modes, how many saves
+were written and skipped, and the mean time a save kept the loop inside ``save_state`` (staging, plus with ``async``
+the wait for the previous write). One JSON line per repeat on stdout.
 
     .venv/bin/python benchmarks/save_steps_time.py
 """
@@ -23,6 +27,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainkit import Trainer, TrainerCallback, TrainingArguments
+
+
+MODES = ("none", "sync", "async", "async-skip")
 
 
 class Data(Dataset):
@@ -49,12 +56,12 @@ class Regressor(nn.Module):
         return {"loss": ((prediction - labels) ** 2).mean(), "logits": prediction}
 
 
-def run(mode: str, steps: int, width: int, batch: int, scratch: str) -> float:
+def run(mode: str, steps: int, width: int, batch: int, scratch: str) -> dict[str, float | int]:
     clock: list[float] = []  # the start of every step: consecutive differences include the step's save
     args = TrainingArguments(
         output_dir=f"{scratch}/{mode}", max_steps=steps, per_device_train_batch_size=batch, learning_rate=1e-4,
         save_strategy="no" if mode == "none" else "steps", save_steps=1, save_total_limit=2,
-        async_save=mode == "async", eval_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
+        async_save=mode.startswith("async"), eval_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
         use_cpu=True, dataloader_num_workers=0, seed=0, enable_jit_checkpoint=False,
     )
 
@@ -63,10 +70,18 @@ def run(mode: str, steps: int, width: int, batch: int, scratch: str) -> float:
             clock.append(time.perf_counter())
 
     trainer = Trainer(model=Regressor(width), args=args, train_dataset=Data(steps * batch, width), callbacks=[Clock()])
+    if mode == "async-skip":  # the Trainer's engine takes it from its ProjectConfiguration (no TrainingArguments field)
+        trainer.accelerator.project_configuration.async_save_when_busy = "skip"
     trainer.train()
     clock.append(time.perf_counter())  # train() has flushed the last asynchronous save
-    per_step = [b - a for a, b in zip(clock, clock[1:])]
-    return statistics.median(per_step[3:])
+    per_step = [b - a for a, b in zip(clock, clock[1:])][3:]
+    result: dict[str, float | int] = {"median_s": round(statistics.median(per_step), 4),
+                                      "mean_s": round(statistics.mean(per_step), 4)}
+    writer = getattr(trainer.accelerator, "_checkpoint_writer", None)
+    if writer is not None:
+        result.update(written=writer.written, skipped=writer.skipped,
+                      blocked_ms_per_save=round(1000 * writer.blocked_s_total / max(1, writer.written + writer.skipped), 1))
+    return result
 
 
 def main() -> int:
@@ -75,17 +90,23 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--modes", default="none,sync,async,async-skip", help="comma-separated, of: " + ",".join(MODES))
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as scratch:
         parameters = sum(p.numel() for p in Regressor(args.width).parameters())
+        modes = args.modes.split(",")
+        unknown = sorted(set(modes) - set(MODES))
+        if unknown or "none" not in modes:
+            parser.error(f"--modes {args.modes!r}: unknown {unknown}; choose from {MODES}, 'none' included (the reference)")
         for repeat in range(args.repeats):
-            times = {mode: run(mode, args.steps, args.width, args.batch, f"{scratch}/{repeat}") for mode in ("none", "sync", "async")}
+            results = {mode: run(mode, args.steps, args.width, args.batch, f"{scratch}/{repeat}") for mode in modes}
+            none = results["none"]["median_s"]
             print(json.dumps({"benchmark": "save_steps_time", "repeat": repeat, "parameters": parameters,
-                              "step_s": {k: round(v, 4) for k, v in times.items()},
-                              "sync_vs_none": round(times["sync"] / times["none"], 3),
-                              "async_vs_none": round(times["async"] / times["none"], 3)}), flush=True)
+                              "width": args.width, "batch": args.batch, "steps": args.steps, "results": results,
+                              **{f"{mode}_vs_none": round(results[mode]["median_s"] / none, 3)
+                                 for mode in modes if mode != "none"}}), flush=True)
     return 0
 
 

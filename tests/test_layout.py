@@ -18,7 +18,6 @@ ENGINE_FOLDERS = {
     "api": "the Accelerate API pieces the facade is made of (identity, trackers, prepared objects, options)",
     "process": "process state, devices, collectives, control, launchers, preemption",
     "precision": "mixed precision: the Precision contract, its implementations, the mode registry",
-    "parallel": "N-D parallelism: the device mesh of ParallelismConfig's degrees, TP plans, transformers-sharded models",
     "strategies": "parallelism strategies, their contract and registry; fsdp/ holds everything FSDP",
     "step": "one optimizer step: accumulation, optimizer/scheduler wrappers, compile, unwrapping",
     "data": "dataloaders: sharding, resumable positions, streams",

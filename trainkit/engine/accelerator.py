@@ -31,7 +31,7 @@ from trainkit.engine.step.compile import compile_model
 from trainkit.engine.step.unwrapping import extract_model
 from trainkit.engine.api.configuration import announce, resolve_for_accelerator
 from trainkit.engine.parallel.pretrained import check_run_matches, sharded_by_transformers
-from trainkit.engine.parallel.selection import needs_nd_strategy, parallel_dims_for
+from trainkit.engine.parallel.selection import parallel_dims_for
 from trainkit.engine.strategies.deepspeed import (
     DummyOptim,
     DummyScheduler,
@@ -193,10 +193,9 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
         self.parallel_dims = parallel_dims_for(config, self.state)
-        nd = self.parallel_dims if needs_nd_strategy(self.parallel_dims, config) else None
         return select_strategy(StrategyRequest(self.state, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
                                                ddp_kwargs=ddp_kwargs, comm_hook=self._compat.ddp_comm_hook(),
-                                               parallel_dims=nd))
+                                               parallel_dims=self.parallel_dims))
 
     # -- identity (device, process_index, ... come from ProcessIdentity) ---------------------------
     @property
@@ -367,7 +366,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             setattr(model, "_trainkit_original_forward", model.forward)
             setattr(model, "forward", self.precision.wrap_forward(model.forward))
         if sharded_by_transformers(model):  # from_pretrained(distributed_config=...) placed and sharded it already
-            check_run_matches(model, self.strategy.data_parallel_size, self.num_processes)
+            check_run_matches(model, self.parallel_dims.config if self.parallel_dims else None, self.num_processes)
         elif not evaluation_mode:
             compile_model(model, self.dynamo_plugin)  # in place, before sharding or wrapping
         wrapped = model if sharded_by_transformers(model) else model.to(self.device) if evaluation_mode else \

@@ -1,5 +1,6 @@
-"""Asynchronous checkpoints on 2 gloo processes (CPU, DDP): kills at several points of a background write, a
-preemption during one, a disk-full error, and exact resume through all of it.
+"""Asynchronous checkpoints on 2 gloo processes (CPU, DDP; FSDP2 FULL_STATE_DICT for the background gather): kills
+at several points of a background write, a preemption during one, a disk-full error, and exact resume through all
+of it.
 
 One chain of launches shares one project folder: each run resumes from the newest complete checkpoint, saves
 after every optimizer step in the background, and is stopped by the next fault; the last run resumes with
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.distributed import run_torchrun
+from tests.distributed import ENGINE_WORKERS, run_torchrun
 from tests.engine.checkpoint.test_checkpoint_processes import WORKER, _record, _weights, assert_bitwise_equal, assert_order_continues
 from trainkit.engine.checkpoint import is_complete, latest_complete_checkpoint
 
@@ -91,3 +92,31 @@ def test_a_disk_full_error_in_the_writer_stops_the_loop_with_path_and_cause(tmp_
     checkpoints = project / "checkpoints"
     assert _saved_step(latest_complete_checkpoint(str(checkpoints))) == 2
     assert not (checkpoints / "checkpoint_2").exists() and not (checkpoints / ".checkpoint_2.staging").exists()
+
+
+def test_a_full_state_dict_save_gathered_by_the_writer_is_byte_identical_to_a_synchronous_one(tmp_path):
+    """FSDP2 FULL_STATE_DICT on 2 gloo processes (CPU): the asynchronous save stages each rank's shards and its
+    writer gathers them onto rank 0 (on its own group, while the loop trains); the files equal the synchronous ones."""
+    run_torchrun(ENGINE_WORKERS / "full_state_async.py", tmp_path, nproc=2)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["checksums"]["sync"] == result["checksums"]["async"]
+    assert {"model.safetensors", "optimizer.safetensors"} <= set(result["checksums"]["async"])
+    # Each rank staged its own shards (a gather in the loop would leave rank 1 nothing to stage).
+    assert all(staged > 0 for staged in result["staged_bytes"]), result["staged_bytes"]
+
+
+def test_a_rank_killed_while_the_writers_gather_a_full_state_checkpoint_resumes_bitwise(tmp_path):
+    """FSDP2 FULL_STATE_DICT, async saves, 2 gloo processes (CPU): rank 1 is SIGKILLed while the background writers
+    gather the step-3 checkpoint onto rank 0; the step-2 one stays the newest complete, and a resumed run ends
+    bitwise as an uninterrupted one."""
+    full = ("--fsdp", "FULL_STATE_DICT")
+    _run(tmp_path, "reference", tmp_path / "reference", *full)
+    project = tmp_path / "gather"
+    killed = _run(tmp_path, "killed", project, *full, "--async-save", "--fault", "1:3:gather", check=False)
+    assert killed.returncode != 0 and "SIGKILL while the writers gather" in killed.stderr, killed.stderr[-3000:]
+    checkpoints = project / "checkpoints"
+    assert _saved_step(latest_complete_checkpoint(str(checkpoints))) == 2
+    assert all(is_complete(str(p)) for p in checkpoints.iterdir() if not p.name.startswith("."))
+    _run(tmp_path, "resumed", project, *full, "--async-save", "--resume", "latest", "--seed", "7")
+    assert_bitwise_equal(_weights(tmp_path, "reference"), _weights(tmp_path, "resumed"))
+    assert_order_continues(_record(tmp_path, "reference"), _record(tmp_path, "resumed"), from_step=2)

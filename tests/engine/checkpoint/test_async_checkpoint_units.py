@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import sys
 
 import pytest
 import torch
@@ -155,6 +156,8 @@ def test_a_busy_writer_makes_the_next_save_wait_or_skip(tmp_path, monkeypatch, c
     skipping.end_training()
     assert skipping.save_state().endswith("checkpoint_1") and os.path.isdir(first)  # the numbering goes on
     skipping.end_training()
+    writer = skipping._checkpoint_writer
+    assert (writer.written, writer.skipped) == (2, 1) and writer.blocked_s_total > 0
 
     gate.clear()
     waiting, _, _ = _setup(tmp_path / "wait", async_save=True)
@@ -235,3 +238,24 @@ def test_on_cuda_the_staged_copy_is_pinned_and_holds_the_state_as_of_the_save(tm
     # Every device tensor was staged in pinned memory (AdamW's scalar step counters live on the CPU already).
     assert pool._buffers and all(b.is_pinned() for b in pool._buffers.values() if b.numel() > 1)
     assert all(b.device.type == "cpu" for b in pool._buffers.values())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU priority is Linux's")
+@pytest.mark.parametrize("when_busy, lowered", [("skip", async_writer.WRITER_NICENESS), ("wait", 0)])
+def test_a_skipping_writer_yields_cores_to_training_and_a_waited_for_one_does_not(tmp_path, monkeypatch, when_busy, lowered):
+    """CPU, one process: the writer thread's niceness, read inside it while it writes."""
+    import threading
+
+    seen = []
+    real_write = state_io.write_tensors_now
+
+    def write(*args):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        real_write(*args)
+
+    monkeypatch.setattr(async_writer, "write_tensors_now", write)
+    accelerator, _, _ = _setup(tmp_path / when_busy, async_save=True, async_save_when_busy=when_busy)
+    accelerator.save_state()
+    accelerator.end_training()
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())  # the loop's thread: unchanged
+    assert seen and set(seen) == {min(base + lowered, 19)}

@@ -1,8 +1,10 @@
 """Tensor parallelism x FSDP2 / DDP and HSDP on 4 gloo processes (CPU) equal one process.
 
-One launch (tests/engine/workers/nd_parallel.py) trains a tiny Llama, untied and tied embeddings, fp32,
-accumulation 2, clipping 1.0, AdamW, under TP2 x FSDP2, TP2 x DDP2 and HSDP 2x2, and a hand-written
-one-process torch loop on rank 0. Device: CPU with gloo, whatever the machine has.
+One launch (``trainkit launch --config_file`` of tests/engine/workers/nd_parallel.py, the YAML's
+``parallelism_config:`` block saying HSDP 2x2) trains a tiny Llama, untied and tied embeddings, fp32,
+accumulation 2, clipping 1.0, AdamW, under TP2 x FSDP2, TP2 x DDP2 and HSDP 2x2 (each named in
+``Accelerator(parallelism_config=...)``) and under the block's layout, and a hand-written one-process torch loop
+on rank 0. Device: CPU with gloo, whatever the machine has.
 """
 
 from __future__ import annotations
@@ -10,18 +12,34 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed import ENGINE_WORKERS, run_torchrun
+import subprocess
+import sys
+
+from tests.distributed import ENGINE_WORKERS, REPO, worker_env
+
+pytestmark = pytest.mark.multiprocess  # 4 gloo processes (CPU)
 
 WORKER = ENGINE_WORKERS / "nd_parallel.py"
 LAYOUTS = ("tp2_fsdp2", "tp2_ddp2", "hsdp2x2")
 TIES = ("untied", "tied")
 RELATIVE = 1e-5
+CONFIG = """compute_environment: LOCAL_MACHINE
+distributed_type: MULTI_CPU
+num_processes: 4
+parallelism_config:
+  parallelism_config_dp_replicate_size: 2
+  parallelism_config_dp_shard_size: 2
+"""
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("nd")
-    run_torchrun(WORKER, str(out), nproc=4, timeout=300)
+    (out / "hsdp2x2.yaml").write_text(CONFIG)
+    launched = subprocess.run([sys.executable, "-m", "trainkit.cli.main", "launch", "--config_file",
+                               str(out / "hsdp2x2.yaml"), str(WORKER), str(out)], capture_output=True, text=True,
+                              timeout=300, env=worker_env(), cwd=REPO)
+    assert launched.returncode == 0, launched.stdout[-4000:] + launched.stderr[-6000:]
     return torch.load(out / "results.pt", weights_only=False)
 
 
@@ -43,6 +61,17 @@ def test_layout_trains_as_one_process(results: dict, layout: str, ties: str) -> 
     for name, expected in reference["params"].items():
         difference = (run["params"][name] - expected).norm() / expected.norm()
         assert difference < RELATIVE, (name, float(difference))
+
+
+def test_the_launch_configs_block_sets_the_layout_of_an_accelerator_not_told_one(results: dict) -> None:
+    """``Accelerator()`` under ``trainkit launch --config_file`` with a HSDP 2x2 ``parallelism_config:`` block:
+    that layout, and the same per-step loss, gradient norm and final parameters as one process (1e-5)."""
+    run, reference = results["launcher_block/untied"], results["reference/untied"]
+    assert run["mesh"] == "dp_replicate=2 x dp_shard=2 x tp=1 (HSDP)"
+    assert _relative(run["losses"], reference["losses"]) < RELATIVE
+    assert _relative(run["norms"], reference["norms"]) < RELATIVE
+    for name, expected in reference["params"].items():
+        assert (run["params"][name] - expected).norm() / expected.norm() < RELATIVE, name
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

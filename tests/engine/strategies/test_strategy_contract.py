@@ -49,6 +49,26 @@ def test_data_parallel_size_and_rank_follow_the_tensor_parallel_groups() -> None
     assert select_strategy(StrategyRequest(_state(4))).data_parallel_size == 4  # DDP: every process
 
 
+@pytest.mark.parametrize(("sharding_strategy", "local", "degrees", "two_d"), [
+    ("FULL_SHARD", 4, (1, 4), False), ("SHARD_GRAD_OP", 4, (1, 4), False), ("NO_SHARD", 4, (4, 1), True),
+    ("HYBRID_SHARD", 2, (2, 2), True), ("HYBRID_SHARD_ZERO2", 4, (1, 4), True)])
+def test_ddp_and_fsdp_strategies_are_layouts_of_one_parallel_dims(sharding_strategy: str, local: int,
+                                                                  degrees: tuple[int, int], two_d: bool) -> None:
+    """CPU, no process group (no mesh is built): DDP holds dp_replicate = world; each FSDP sharding strategy
+    holds its (dp_replicate, dp_shard) degrees, and whether fully_shard gets the 2-D (replicate, shard) mesh."""
+    from trainkit.config.fsdp import FSDPOptions
+    from trainkit.engine.strategies.fsdp.strategy import FSDPStrategy
+
+    ddp = select_strategy(StrategyRequest(_state(4)))
+    assert ddp.dims is not None and (ddp.dims.dp_replicate, ddp.dims.dp_shard, ddp.dims.tp) == (4, 1, 1)
+    state = _state(4)
+    state.local_world_size = local
+    fsdp = FSDPStrategy(state, None, options=FSDPOptions(sharding_strategy=sharding_strategy))
+    assert (fsdp.dims.dp_replicate, fsdp.dims.dp_shard, fsdp.dims.tp) == (*degrees, 1)
+    assert fsdp.dims.replicate_dimension is two_d
+    assert fsdp.data_parallel_size == 4 and fsdp.data_group is None
+
+
 def test_capabilities_are_stated_per_strategy() -> None:
     from trainkit.engine.strategies.fsdp.strategy import FSDPStrategy
 

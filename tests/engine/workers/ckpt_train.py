@@ -7,7 +7,8 @@ Run as one process or under torchrun. Rank 0 writes ``OUT/NAME.safetensors`` (fi
 ``--async-save``: saves are asynchronous. ``--fault RANK:STEP:POINT``: during the background write of the save
 after optimizer step STEP, rank RANK meets POINT: ``files`` (SIGKILL after writing its first tensor file),
 ``hash`` (SIGKILL while checksumming), ``rename`` (SIGKILL with the manifest written, before the rename),
-``loop`` (its writer is held and the training loop SIGKILLs the process at its next backward), ``sigterm``
+``loop`` (its writer is held and the training loop SIGKILLs the process at its next backward), ``gather``
+(SIGKILL while the writers gather a FULL_STATE_DICT checkpoint's shards onto rank 0), ``sigterm``
 (SIGTERM to itself while writing: a preemption), ``disk-full`` (the write fails with ENOSPC).
 ``--check-preemption``: call ``accelerator.check_preemption()`` after every optimizer step.
 """
@@ -163,6 +164,21 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
         if armed(path) and point == "rename" and path.endswith(atomic.MANIFEST_NAME):
             die("with the manifest written, before the rename")
 
+    # The gather has no path: the writer's staging folder of the moment tells which checkpoint it gathers.
+    writing: list[str] = [""]
+    real_background_write, real_gather = async_writer.BackgroundCheckpointWriter._write, async_writer.gather_full
+
+    def background_write(self, io, recorder, staging, *rest):
+        writing[0] = staging
+        return real_background_write(self, io, recorder, staging, *rest)
+
+    def gather_full(tensors, mesh):
+        if armed(writing[0]) and point == "gather":
+            die("while the writers gather the shards onto rank 0")
+        return real_gather(tensors, mesh)
+
+    async_writer.BackgroundCheckpointWriter._write = background_write
+    async_writer.gather_full = gather_full
     loop_may_die = threading.Event()
     signalled: list[str] = []
     async_writer.write_tensors_now, atomic._hash_file, atomic.write_json = write_tensors, hash_file, write_json

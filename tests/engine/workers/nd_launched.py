@@ -2,12 +2,16 @@
 
 Modes (argv[1]):
 * ``launched OUT``: started by ``trainkit launch --config_file`` whose ``parallelism_config:`` block says
-  TP2 x FSDP2 (with FSDP options: sharded DCP checkpoints; gradient_accumulation_steps 2). ``Accelerator()`` (no arguments) trains the tiny Llama of nd_parallel.py, saving its state after
-  SAVE_AT optimizer steps; then a ``Trainer`` with ``TrainingArguments(parallelism_config=...)`` trains it.
+  TP2 x FSDP2 (with FSDP options: sharded DCP checkpoints; gradient_accumulation_steps 2). ``Accelerator()`` (no
+  arguments) trains the tiny Llama of nd_parallel.py, saving its state after SAVE_AT optimizer steps; then a
+  ``Trainer`` with ``TrainingArguments(parallelism_config=...)`` trains it under TP2 x FSDP2, TP2 x DDP2 and
+  HSDP 2x2 (the arguments win over the launcher's block).
 * ``single OUT``: one plain process: the same Accelerator loop (no checkpoint) and the same Trainer without a
   ParallelismConfig (the references), then the TP2 x FSDP2 checkpoint resumed on this one process.
-* ``fsdp4 OUT``: 4 processes: the checkpoint resumed under FSDP4 (which saves its own sharded checkpoint one
-  step later), under plain DDP, and the FSDP4 checkpoint resumed back under TP2 x FSDP2.
+* ``relaunched OUT``: started by ``trainkit launch --config_file`` whose block says TP2 x DDP2 (MULTI_CPU, no
+  FSDP options): ``Accelerator()`` trains under it; then the checkpoint is resumed under FSDP4 (which saves its
+  own sharded checkpoint one step later), under DDP over the 4 processes, and the FSDP4 checkpoint resumed back
+  under TP2 x FSDP2 (each given as ``Accelerator(parallelism_config=...)``).
 Each writes ``OUT/<mode>.pt`` on its main process.
 """
 
@@ -26,6 +30,9 @@ from trainkit import Accelerator, ParallelismConfig  # noqa: E402
 
 SAVE_AT = 2
 TP2_FSDP2 = dict(dp_shard_size=2, tp_size=2)
+TRAINER_LAYOUTS = {"trainer": (TP2_FSDP2, 2), "trainer_tp2_ddp2": (dict(dp_replicate_size=2, tp_size=2), 2),
+                   "trainer_hsdp2x2": (dict(dp_replicate_size=2, dp_shard_size=2), 4)}
+"""Trainer runs of the ``launched`` mode: name -> (ParallelismConfig fields, data-parallel degree)."""
 
 
 def accelerator_run(accelerator: Accelerator, save_to: Path | None, *, resume: Path | None = None,
@@ -94,21 +101,26 @@ def main(mode: str, out: Path) -> None:
     results: dict = {}
     if mode == "launched":
         results["accelerator"] = accelerator_run(Accelerator(), out / "tp2_fsdp2_checkpoint")
-        results["trainer"] = trainer_run(out, ParallelismConfig(**TP2_FSDP2), data_parallel=2)
+        for name, (layout, data_parallel) in TRAINER_LAYOUTS.items():
+            results[name] = trainer_run(out, ParallelismConfig(**layout), data_parallel=data_parallel)
     elif mode == "single":
         results["accelerator"] = accelerator_run(Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION), None)
         results["trainer"] = trainer_run(out, None, data_parallel=1)
         results["resumed"] = accelerator_run(Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION), None,
                                              resume=out / "tp2_fsdp2_checkpoint")
-    elif mode == "fsdp4":
+    elif mode == "relaunched":
         from trainkit import FullyShardedDataParallelPlugin
+
+        results["accelerator"] = accelerator_run(Accelerator(gradient_accumulation_steps=ACCUMULATION), None)
 
         sharded = FullyShardedDataParallelPlugin(state_dict_type="SHARDED_STATE_DICT")
         accelerator = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=4), fsdp_plugin=sharded,
                                   gradient_accumulation_steps=ACCUMULATION)
         results["resumed"] = accelerator_run(accelerator, out / "fsdp4_checkpoint", resume=out / "tp2_fsdp2_checkpoint",
                                              save_after=SAVE_AT + 1)
-        ddp = Accelerator(gradient_accumulation_steps=ACCUMULATION)  # plain DDP over the 4 processes
+        # DDP over the 4 processes: replication alone (an Accelerator() here would take the launcher's block)
+        ddp = Accelerator(parallelism_config=ParallelismConfig(dp_replicate_size=4),
+                          gradient_accumulation_steps=ACCUMULATION)
         results["resumed_ddp"] = accelerator_run(ddp, None, resume=out / "tp2_fsdp2_checkpoint")
         back = Accelerator(parallelism_config=ParallelismConfig(**TP2_FSDP2), gradient_accumulation_steps=ACCUMULATION)
         results["back_to_tp"] = accelerator_run(back, None, resume=out / "fsdp4_checkpoint", resumed_at=SAVE_AT + 1)

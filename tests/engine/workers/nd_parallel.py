@@ -2,8 +2,11 @@
 
 Each layout (TP2 x FSDP2, TP2 x DDP2, HSDP 2x2) trains a tiny Llama (tied and untied embeddings, fp32) for
 STEPS optimizer steps with accumulation 2 and clipping 1.0 on a prepared DataLoader (global batch GLOBAL), then
-evaluates with ``gather_for_metrics``; TP2 x FSDP2 and HSDP 2x2 also train in bf16. Rank 0 runs the reference: the same model, data and optimizer in one
-process with plain torch, no trainkit. Everything is written to ``<out>/results.pt`` for the test to compare.
+evaluates with ``gather_for_metrics``; TP2 x FSDP2 and HSDP 2x2 also train in bf16. Started by ``trainkit launch
+--config_file`` whose ``parallelism_config:`` block says HSDP 2x2, one more untied fp32 run takes its layout
+from the block (``Accelerator()`` given no ParallelismConfig; the others name theirs, which wins). Rank 0 runs
+the reference: the same model, data and optimizer in one process with plain torch, no trainkit. Everything is
+written to ``<out>/results.pt`` for the test to compare.
 """
 
 from __future__ import annotations
@@ -65,8 +68,10 @@ def reference(tied: bool) -> dict:
             "eval": evaluated}
 
 
-def distributed(layout: dict, tied: bool, mixed_precision: str = "no") -> dict:
-    accelerator = Accelerator(parallelism_config=ParallelismConfig(**layout), gradient_accumulation_steps=ACCUMULATION,
+def distributed(layout: dict | None, tied: bool, mixed_precision: str = "no") -> dict:
+    """One run under ``layout`` (None: the launcher's ``parallelism_config:`` block, ``Accelerator()`` not told)."""
+    parallelism = ParallelismConfig(**layout) if layout is not None else None
+    accelerator = Accelerator(parallelism_config=parallelism, gradient_accumulation_steps=ACCUMULATION,
                               mixed_precision=mixed_precision)
     dims = accelerator.parallel_dims
     model = build_model(tied)
@@ -105,6 +110,7 @@ def main(out: Path) -> None:
         if accelerator.is_main_process:
             results[f"reference/{name}"] = reference(tied)
         accelerator.wait_for_everyone()
+    results["launcher_block/untied"] = distributed(None, tied=False)  # the launch YAML's block: HSDP 2x2
     for layout_name in ("tp2_fsdp2", "hsdp2x2"):  # bf16: FSDP2's policy plus autocast, with and without TP
         results[f"{layout_name}/bf16"] = distributed(LAYOUTS[layout_name], tied=False, mixed_precision="bf16")
     if Accelerator().is_main_process:

@@ -6,6 +6,8 @@ Scenarios (rank 0 writes ``OUT/{name}.safetensors`` with final full weights, and
   ``train(resume_from_checkpoint=True)``; all must end with the same weights.
 - ``fsdp``: the same under FSDP2 with SHARDED_STATE_DICT (checkpoints hold DCP shards, no model.safetensors).
 - ``fsdp-async``: ``fsdp`` with ``async_save=True`` (the shards staged as DTensors, written by the background writer).
+- ``fsdp-full-async``: FSDP2 with FULL_STATE_DICT and ``async_save=True`` (each rank's shards staged, gathered onto
+  rank 0 by the background writers, which write full ``model.safetensors`` and ``optimizer.safetensors``).
 - ``restart`` (under ``trainkit launch --max_restarts 1``): on the first attempt rank 1 SIGKILLs itself in
   the middle of writing checkpoint-KILL_STEP; the restarted attempt runs the unchanged script, which must
   resume by itself from the previous complete checkpoint. It records what it found on disk, then also
@@ -28,6 +30,7 @@ ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 STOPS = (2, 5)  # per rank 11 batches of 2, windows of 3: 4 steps per epoch, the 4th a short window
 KILL_STEP = 6
 FSDP = dict(fsdp="full_shard", fsdp_config={"state_dict_type": "SHARDED_STATE_DICT", "reshard_after_forward": True})
+FSDP_FULL = dict(fsdp="full_shard", fsdp_config={"state_dict_type": "FULL_STATE_DICT", "reshard_after_forward": True})
 
 
 def save_weights(name: str, trainer) -> None:
@@ -90,7 +93,8 @@ def restart() -> None:
 
 
 SCENARIOS = {"ddp": lambda: stop_and_resume("ddp"), "fsdp": lambda: stop_and_resume("fsdp", **FSDP), "restart": restart,
-             "fsdp-async": lambda: stop_and_resume("fsdp-async", async_save=True, **FSDP)}
+             "fsdp-async": lambda: stop_and_resume("fsdp-async", async_save=True, **FSDP),
+             "fsdp-full-async": lambda: stop_and_resume("fsdp-full-async", async_save=True, **FSDP_FULL)}
 
 if __name__ == "__main__":
     for scenario in sys.argv[2:]:

@@ -53,6 +53,18 @@ def test_async_fsdp_checkpoints_train_exactly_as_synchronous_ones(two_ranks):
         json.loads((two_ranks / "fsdp-layout.json").read_text())["checkpoint-3"]
 
 
+def test_async_full_state_fsdp_checkpoints_resume_bitwise(tmp_path):
+    """FSDP2 FULL_STATE_DICT with async_save on 2 gloo processes (CPU): the background writers gather the shards
+    and write full files; runs stopped after steps 2 and 5 and resumed from them end with the uninterrupted weights."""
+    run_torchrun(WORKER, str(tmp_path), "fsdp-full-async", nproc=2, timeout=280)
+    expected = load_file(str(tmp_path / "fsdp-full-async-full.safetensors"))
+    for stop in (2, 5):
+        _assert_bitwise_equal(expected, load_file(str(tmp_path / f"fsdp-full-async-resumed-{stop}.safetensors")))
+        assert json.loads((tmp_path / f"fsdp-full-async-resumed-{stop}.json").read_text())["global_step"] == 8
+    layout = json.loads((tmp_path / "fsdp-full-async-layout.json").read_text())["checkpoint-3"]
+    assert {"model.safetensors", "optimizer.json", "optimizer.safetensors"} <= set(layout)
+
+
 def test_ddp_checkpoint_holds_full_weights_once(two_ranks):
     layout = json.loads((two_ranks / "ddp-layout.json").read_text())
     assert [name for name in layout["checkpoint-3"] if "model" in name] == ["model.safetensors"]

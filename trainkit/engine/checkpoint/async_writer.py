@@ -4,16 +4,19 @@
 A save then blocks training only while the state is captured: small JSON files written, every tensor copied
 into host buffers reused between saves (:mod:`.staging`). A thread of the same process writes the tensor
 files, checksums and commits them with the same atomic protocol as a synchronous save, on a process group of
-its own, so its collectives never interleave with the loop's; then it rotates old checkpoints. A checkpoint
-becomes visible only when every rank's part is written and checked, exactly as before: a kill at any moment
-leaves the previous checkpoint valid and the new one absent.
+its own, so its collectives never interleave with the loop's; then it rotates old checkpoints. A full-state
+checkpoint of a sharded model is gathered onto rank 0 by the writers too, on that group
+(:mod:`.background_gather`). A checkpoint becomes visible only when every rank's part is written and checked,
+exactly as before: a kill at any moment leaves the previous checkpoint valid and the new one absent.
 
 At most one save is in flight. A save that finds one still running waits for it (``async_save_when_busy="wait"``,
-the default: no requested checkpoint is lost) or is skipped on every rank with a warning (``"skip"``). A failure
-of the writer is raised in the training loop at the next ``backward``, ``save_state``, ``load_state`` or
-``end_training``, naming the checkpoint and the cause. ``load_state``, ``end_training`` and interpreter exit
-wait for the save in flight. Where the host cannot hold the staged copy, that save is written synchronously,
-with a one-line notice.
+the default: no requested checkpoint is lost) or is skipped on every rank with a warning (``"skip"``; the writer
+thread then also runs at a lower CPU priority, so training keeps its cores). The writer is a thread, not a
+process: its heavy parts run without the GIL, and it reads the staged buffers in place (docs/checkpoints.md has
+the measurement). A failure of the writer is raised in the training loop at the next ``backward``,
+``save_state``, ``load_state`` or ``end_training``, naming the checkpoint and the cause. ``load_state``,
+``end_training`` and interpreter exit wait for the save in flight. Where the host cannot hold the staged copy,
+that save is written synchronously, with a one-line notice.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import os
+import sys
 import threading
 import time
 import weakref
@@ -30,6 +35,7 @@ from typing import Any
 import torch.distributed as dist
 
 from .atomic import _all_gather
+from .background_gather import WriterMesh, gather_full
 from .errors import CheckpointError
 from .staging import DeferredWrites, HostBufferPool, describe, recording, staging_fits
 from .state_io import write_tensors_now, write_text_now
@@ -64,12 +70,17 @@ class BackgroundCheckpointWriter:
         self._error: BaseException | None = None
         self._group: Any = None
         self._group_ready = False
+        self._mesh: WriterMesh | None = None
         self.last_blocked_s: float | None = None
         """Seconds the last save kept its caller (the training loop) waiting."""
         self.last_durable_s: float | None = None
         """Seconds from the start of the last save until its checkpoint was committed (durable and visible)."""
         self.skipped = 0
         """Saves skipped because one was in flight (``when_busy="skip"``)."""
+        self.blocked_s_total = 0.0
+        """Seconds all saves of this writer kept the loop waiting (staging, and waits for a save in flight)."""
+        self.written = 0
+        """Saves this writer committed (in the background or, where staging did not fit, synchronously)."""
         _flush_at_exit.add(self)
 
     # -- state of the save in flight ------------------------------------------------------------------
@@ -103,6 +114,7 @@ class BackgroundCheckpointWriter:
             if _rank() == 0:
                 logger.warning("Checkpoint %s skipped: the previous one is still being written "
                                "(async_save_when_busy='skip').", final_dir)
+            self._blocked_since(started)
             return None
         self.flush()
         group = self._writer_group()
@@ -127,24 +139,38 @@ class BackgroundCheckpointWriter:
             logger.warning("Checkpoint %s is written synchronously: %s.", final_dir, figures)
             write()
             self.raise_pending_error()
-            self.last_blocked_s = time.perf_counter() - started
+            self._blocked_since(started)
             return final_dir
         self._thread = threading.Thread(target=write, name=WRITER_THREAD_NAME, daemon=False)
         self._thread.start()
-        self.last_blocked_s = time.perf_counter() - started
+        self._blocked_since(started)
         return final_dir
+
+    def _blocked_since(self, started: float) -> None:
+        self.last_blocked_s = time.perf_counter() - started
+        self.blocked_s_total += self.last_blocked_s
 
     def _write(self, io: CheckpointIO, recorder: DeferredWrites, staging: str, final_dir: str,
                metadata: dict[str, Any] | None, after_commit: AfterCommit | None, group: Any, started: float) -> None:
         from .sharded_io import write_sharded_now  # DCP is imported when first needed, as model_state does
 
+        if self.when_busy == "skip" and threading.current_thread().name == WRITER_THREAD_NAME:
+            _yield_cores_to_training()  # training first; with "wait" the loop may wait for this thread, so not
+
+        def write_gathered(tensors: dict[str, Any], path: str, write: bool) -> None:
+            assert self._mesh is not None  # gathered writes are recorded only where the writer has a group
+            full = gather_full(tensors, self._mesh)  # every rank takes part; rank 0 keeps the full tensors
+            if write and full:
+                write_tensors_now(full, path)
+
         try:
             # Text files are not fsynced one by one: the commit's checksum pass fsyncs every file before the
             # manifest, as it does the tensor files (one fsync per file instead of two).
             failure = recorder.replay(write_tensors_now, lambda tensors, path: write_sharded_now(tensors, path, group),
-                                      lambda text, path: write_text_now(text, path, fsync=False))
+                                      lambda text, path: write_text_now(text, path, fsync=False), write_gathered)
             io.commit(staging, final_dir, error=failure, metadata=metadata, group=group)
             self.last_durable_s = time.perf_counter() - started
+            self.written += 1
             if after_commit is not None:
                 after_commit(final_dir)
         except BaseException as error:  # kept for the training loop, which raises it at its next step or save
@@ -158,7 +184,24 @@ class BackgroundCheckpointWriter:
             self._group_ready = True
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 self._group = dist.new_group(backend="gloo")
+                self._mesh = WriterMesh(self._group)
         return self._group
+
+
+WRITER_NICENESS = 10
+"""With ``when_busy="skip"``, how much lower than the training threads' the writer thread's CPU priority is (Linux):
+where cores are short, the loop keeps its share and the write takes the cycles left (it becomes durable later, and
+more saves find it busy and are skipped). Not with ``"wait"``: the loop may have to wait for the writer, and a
+thread that lowered its priority cannot raise it again without privileges."""
+
+
+def _yield_cores_to_training() -> None:
+    """Lower this writer thread's CPU priority (Linux schedules threads alone: ``setpriority`` on the thread id
+    changes this thread only; elsewhere it would name a process, so nothing is done)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            thread_id = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, thread_id, os.getpriority(os.PRIO_PROCESS, thread_id) + WRITER_NICENESS)
 
 
 def _rank() -> int:

@@ -56,11 +56,36 @@ def sharded_optimizer_dir(index: int) -> str:
 
 
 # -- saving --------------------------------------------------------------------------------------------
+def _may_gather_later(model: nn.Module) -> bool:
+    """Cheap first test (no state dict): an asynchronous save is being captured and the model has DTensors."""
+    from .background_gather import is_dtensor
+    from .staging import active_recorder
+
+    return active_recorder() is not None and any(is_dtensor(parameter) for parameter in model.parameters())
+
+
+def _gather_later(tensors: dict[str, torch.Tensor], path: str) -> bool:
+    """While an asynchronous save is captured: record full tensors to be gathered from these shards by the
+    background writer (every rank), and return True; False where it cannot (the caller gathers now)."""
+    from .background_gather import GATHERED, gathers_in_background
+    from .staging import active_recorder
+
+    recorder = active_recorder()
+    if recorder is None or not gathers_in_background(tensors):
+        return False
+    recorder.defer(GATHERED, tensors, path)
+    return True
+
+
 def save_model(strategy: Strategy, model: nn.Module, directory: str, index: int, sharded: bool, is_main: bool) -> None:
     """Collective: write the model's state into ``directory``."""
     if sharded:
         state = strategy.model_state_dict(model, full=False)
         _sharded_io().save_sharded(state, os.path.join(directory, sharded_model_dir(index)))
+        return
+    # Asynchronous: the shards are staged and the background writer gathers them (see .background_gather).
+    if _may_gather_later(model) and _gather_later(strategy.model_state_dict(model, full=False),
+                                                  os.path.join(directory, model_file(index))):
         return
     state = strategy.model_state_dict(model, full=True, cpu_offload=True)
     if is_main:
@@ -70,6 +95,8 @@ def save_model(strategy: Strategy, model: nn.Module, directory: str, index: int,
 def save_optimizer(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str, index: int,
                    sharded: bool, is_main: bool) -> None:
     """Collective: write the optimizer's state into ``directory`` (structure as JSON, tensors beside it)."""
+    if not sharded and _save_optimizer_gathered_later(strategy, model, optimizer, directory, index, is_main):
+        return
     state = strategy.optimizer_state_dict(model, optimizer, full=not sharded, cpu_offload=not sharded)
     if not sharded:
         if is_main:
@@ -81,6 +108,21 @@ def save_optimizer(strategy: Strategy, model: nn.Module, optimizer: torch.optim.
     if is_main:
         state_io.write_json({"format": "trainkit-sharded-optimizer/1", "state": skeleton},
                             os.path.join(directory, f"{sharded_optimizer_dir(index)}.json"))
+
+
+def _save_optimizer_gathered_later(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
+                                   directory: str, index: int, is_main: bool) -> bool:
+    """The full optimizer files of an asynchronous save, from the shards: the JSON now (the full state's structure
+    is the sharded one's), the tensors gathered by the background writer. False where that is not possible."""
+    if not _may_gather_later(model):
+        return False
+    skeleton, tensors = state_io.encode_state(strategy.optimizer_state_dict(model, optimizer, full=False))
+    name = optimizer_name(index)
+    if not _gather_later(tensors, os.path.join(directory, f"{name}.safetensors")):
+        return False
+    if is_main:  # what state_io.save_state writes beside the tensors
+        state_io.write_json(state_io.state_document(skeleton), os.path.join(directory, f"{name}.json"))
+    return True
 
 
 # -- loading: check, then apply ---------------------------------------------------------------------------

@@ -39,7 +39,8 @@ def active_recorder() -> DeferredWrites | None:
 class DeferredWrite:
     """One recorded tensor write: which writer, its tensors (originals, then staged copies) and its path."""
 
-    kind: str  # "safetensors" (one file, this process), "sharded" (DCP folder, collective) or "text" (JSON)
+    kind: str  # "safetensors" (one file, this process), "sharded" (DCP folder, collective), "gathered" (full
+    # tensors gathered onto rank 0, which writes them as one safetensors file: collective) or "text" (JSON)
     tensors: dict[str, torch.Tensor]
     path: str
     text: str = ""
@@ -61,9 +62,10 @@ class HostBufferPool:
         """Bytes of new buffers that staging ``writes`` would allocate (those the pool cannot reuse)."""
         total = 0
         for write in writes:
+            place = _place(write, root)
             for key, tensor in write.tensors.items():
                 local = _local(tensor)
-                if not _fits(self._buffers.get(_slot(write, key, root)), local):
+                if not _fits(self._buffers.get((place, key)), local):
                     total += _nbytes(local)
         return total
 
@@ -73,8 +75,9 @@ class HostBufferPool:
         wait_for_device = False
         for write in writes:
             staged: dict[str, torch.Tensor] = {}
+            place = _place(write, root)
             for key, tensor in write.tensors.items():
-                slot = _slot(write, key, root)
+                slot = (place, key)
                 local = _local(tensor).detach()
                 buffer = self._buffers.get(slot)
                 if not _fits(buffer, local):
@@ -98,9 +101,10 @@ class HostBufferPool:
                         "(reused by every save).", self.nbytes / 2**20)
 
 
-def _slot(write: DeferredWrite, key: str, root: str) -> tuple[str, str]:
-    # The staging folder's name changes with every save; the file's place inside it does not.
-    return os.path.relpath(write.path, root), key
+def _place(write: DeferredWrite, root: str) -> str:
+    # The staging folder's name changes with every save; the file's place inside it does not. A buffer's slot
+    # is (place, key).
+    return os.path.relpath(write.path, root)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -146,14 +150,20 @@ class DeferredWrites:
 
     def replay(self, write_safetensors: Callable[[dict[str, torch.Tensor], str], None],
                write_sharded: Callable[[dict[str, torch.Tensor], str], None],
-               write_text: Callable[[str, str], None]) -> BaseException | None:
+               write_text: Callable[[str, str], None],
+               write_gathered: Callable[[dict[str, torch.Tensor], str, bool], None] | None = None) -> BaseException | None:
         """Run the recorded writes; return the first error (after it, files of this process are skipped, but
-        sharded writes still run: they are collective, and the other ranks wait in them)."""
+        sharded and gathered writes still run: they are collective, and the other ranks wait in them;
+        ``write_gathered``'s last argument says whether to write the file after gathering)."""
         failure: BaseException | None = None
         for write in self.writes:
             try:
                 if write.kind == "sharded":
                     write_sharded(write.tensors, write.path)
+                elif write.kind == "gathered":
+                    if write_gathered is None:
+                        raise RuntimeError(f"{write.path}: a gathered write needs the writer's gather")
+                    write_gathered(write.tensors, write.path, failure is None)
                 elif failure is None and write.kind == "text":
                     write_text(write.text, write.path)
                 elif failure is None:

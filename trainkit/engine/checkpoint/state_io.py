@@ -135,11 +135,16 @@ def load_tensors(path: str) -> dict[str, torch.Tensor]:
     return load_file(path)
 
 
+def state_document(skeleton: Any) -> dict[str, Any]:
+    """The JSON document :func:`save_state` writes for a skeleton made by :func:`encode_state`."""
+    return {"format": "trainkit-state/1", "state": skeleton}
+
+
 def save_state(state: Any, directory: str, name: str) -> list[str]:
     """Store ``state`` as ``name.json`` (+ ``name.safetensors`` when it holds tensors); return the file names."""
     skeleton, tensors = encode_state(state)
     files = [f"{name}.json"]
-    write_json({"format": "trainkit-state/1", "state": skeleton}, os.path.join(directory, files[0]))
+    write_json(state_document(skeleton), os.path.join(directory, files[0]))
     if tensors:
         files.append(f"{name}.safetensors")
         save_tensors(tensors, os.path.join(directory, files[1]))

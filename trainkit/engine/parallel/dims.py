@@ -2,7 +2,10 @@
 
 :class:`ParallelDims` takes a :class:`~trainkit.config.parallelism.ParallelismConfig` resolved against the
 world size and builds one mesh ``dp_replicate x dp_shard x tp`` (every dimension present, size-1 ones too,
-so each sub-mesh exists whatever the degrees). Its sub-meshes are what the rest of the engine asks for:
+so each sub-mesh exists whatever the degrees). Every multi-process strategy holds one: DDP is
+``dp_replicate = world`` (:meth:`ParallelDims.data_parallel`; it needs no mesh), FSDP2 is ``dp_shard = world``,
+HSDP and FSDP's NO_SHARD are ``dp_replicate x dp_shard`` (:meth:`ParallelDims.of`), and a ParallelismConfig
+may add ``tp``. Its sub-meshes are what the rest of the engine asks for:
 
 * :attr:`tp_mesh`: the ranks that split one layer (and read the same batch);
 * :attr:`fsdp_mesh`: what ``fully_shard`` shards/replicates across: ``dp_shard`` alone (FSDP), or
@@ -26,12 +29,33 @@ from trainkit.config.parallelism import MESH_ORDER, ParallelismConfig
 class ParallelDims:
     """The resolved degrees of a run and its named device mesh (built on first use, collectively)."""
 
-    def __init__(self, config: ParallelismConfig, world_size: int, device_type: str) -> None:
+    def __init__(self, config: ParallelismConfig, world_size: int, device_type: str, *,
+                 replicate_dimension: bool = False) -> None:
+        """``replicate_dimension``: give ``fully_shard`` the 2-D ``(dp_replicate, dp_shard)`` mesh even when
+        ``dp_replicate`` is 1 (FSDP's HYBRID strategies on one machine keep their 2-D layout)."""
         self.config = config.resolved(world_size)
         self.world_size = world_size
         self.device_type = device_type
         degrees = self.config.degrees()
         self.dp_replicate, self.dp_shard, self.tp = degrees["dp_replicate"], degrees["dp_shard"], degrees["tp"]
+        self.replicate_dimension = replicate_dimension or self.dp_replicate > 1
+
+    @classmethod
+    def of(cls, world_size: int, device_type: str, *, dp_replicate: int = 1, dp_shard: int = 1, tp: int = 1,
+           replicate_dimension: bool = False) -> ParallelDims:
+        """The degrees given directly (checked against ``world_size`` as a ParallelismConfig's are)."""
+        config = ParallelismConfig(dp_replicate_size=dp_replicate, dp_shard_size=dp_shard, tp_size=tp)
+        return cls(config, world_size, device_type, replicate_dimension=replicate_dimension)
+
+    @classmethod
+    def data_parallel(cls, world_size: int, device_type: str) -> ParallelDims:
+        """DDP's degrees: every process holds a whole replica and reads its own batch."""
+        return cls.of(world_size, device_type, dp_replicate=world_size)
+
+    @property
+    def pure_replication(self) -> bool:
+        """Nothing sharded or split: each process a whole replica (DDP's layout)."""
+        return self.dp_shard == 1 and self.tp == 1
 
     @property
     def dp_size(self) -> int:
@@ -66,8 +90,9 @@ class ParallelDims:
 
     @property
     def fsdp_mesh(self) -> DeviceMesh:
-        """What ``fully_shard`` spans: 1-D ``dp_shard`` without replicas, else 2-D ``(dp_replicate, dp_shard)``."""
-        if self.dp_replicate == 1:
+        """What ``fully_shard`` spans: 1-D ``dp_shard`` without replicas, else 2-D ``(dp_replicate, dp_shard)``
+        (replicated across the first dimension, sharded across the second; DDP-like when ``dp_shard`` is 1)."""
+        if not self.replicate_dimension:
             return self.mesh["dp_shard"]
         return self.mesh["dp_replicate", "dp_shard"]
 

@@ -1,4 +1,5 @@
-"""When a run's ParallelismConfig needs the N-D strategy, and building its :class:`ParallelDims`."""
+"""Building the :class:`ParallelDims` of a run's ParallelismConfig (the strategy registry decides which
+strategy runs it: ``engine/strategies/registry.py``)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,3 @@ def parallel_dims_for(config: EngineConfig, state: ProcessState) -> ParallelDims
         dims.config.device_mesh = dims.mesh
     return dims
 
-
-def needs_nd_strategy(dims: ParallelDims | None, config: EngineConfig) -> bool:
-    """Everything but pure replication without FSDP options: that stays plain DDP (as in Accelerate)."""
-    if dims is None:
-        return False
-    return dims.tp > 1 or dims.dp_shard > 1 or config.fsdp is not None

@@ -44,7 +44,8 @@ STYLES: dict[str, Callable[[], ParallelStyle] | None] = {
 
 
 def model_tp_plan(model: nn.Module, user_plan: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The plan to apply: the user's, else the model's own (transformers' ``tp_plan``); an error if neither."""
+    """The plan to apply: the user's as given, else the model's own (transformers' ``tp_plan``) with its input
+    embedding split on the vocabulary where the plan leaves it out; an error if neither plan exists."""
     if user_plan:
         return dict(user_plan)
     plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None)
@@ -54,7 +55,31 @@ def model_tp_plan(model: nn.Module, user_plan: Mapping[str, str] | None = None) 
             "ParallelismConfig(tp_handler=...) with a tp_plan attribute, e.g. {'layers.*.mlp.up_proj': 'colwise', "
             f"'layers.*.mlp.down_proj': 'rowwise'}} (styles: {sorted(STYLES)}), or use a transformers model whose "
             "config has a base_model_tp_plan.")
-    return dict(plan)
+    return _with_input_embedding(model, dict(plan))
+
+
+def _with_input_embedding(model: nn.Module, plan: dict[str, str]) -> dict[str, str]:
+    """``plan`` plus ``embedding_rowwise`` for the model's input embedding when no entry names it.
+
+    Which transformers release built the plan decides whether it names the embedding: 5.2x adds
+    ``embed_tokens: embedding_rowwise`` to every plan, 5.17 only when the embeddings are tied. Completing the
+    plan the same way here makes one layout hold the same bytes and compute the same sums on either release."""
+    get_input_embeddings = getattr(model, "get_input_embeddings", None)
+    try:
+        embedding = get_input_embeddings() if callable(get_input_embeddings) else None
+    except NotImplementedError:  # transformers' default for models without one
+        embedding = None
+    if not isinstance(embedding, nn.Embedding):
+        return plan
+    name = next((name for name, module in model.named_modules() if module is embedding and name), None)
+    if name is None or any(_pattern(entry).fullmatch(name) for entry in plan):
+        return plan
+    return {name: "embedding_rowwise", **plan}
+
+
+def _pattern(entry: str) -> re.Pattern[str]:
+    """A plan entry as a regular expression over module names (``*`` = one name segment)."""
+    return re.compile(re.escape(entry).replace(r"\*", r"[^.]+"))
 
 
 def expand_plan(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
@@ -69,7 +94,7 @@ def expand_plan(model: nn.Module, plan: Mapping[str, str]) -> dict[str, str]:
     names = [name for name, _ in model.named_modules() if name]
     chosen: dict[str, str] = {}
     for pattern, style in plan.items():
-        regex = re.compile(re.escape(pattern).replace(r"\*", r"[^.]+"))
+        regex = _pattern(pattern)
         matched = [name for name in names if regex.fullmatch(name)]
         if not matched:
             logger.debug("TP plan entry %r names no module of %s", pattern, type(model).__name__)

@@ -38,7 +38,7 @@ class StrategyRequest:
     comm_hook: dict[str, Any] | None = None
     """DDP's communication hook from DistributedDataParallelKwargs (``{"hook", "wrapper", "state_option"}``)."""
     parallel_dims: ParallelDims | None = None
-    """The run's parallel degrees and mesh, when a ParallelismConfig asks for more than plain DDP."""
+    """The degrees of the run's ParallelismConfig (None without one); strategies without it derive their own."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,9 @@ class Strategy:
 
     def __init__(self, state: ProcessState) -> None:
         self.state = state
+        self.dims: ParallelDims | None = None
+        """The run's degrees and device mesh (DDP, FSDP2, HSDP, TP are layouts of one ParallelDims); None for
+        one device and for DeepSpeed configs, where every process reads its own batch."""
 
     @classmethod
     def from_request(cls, request: StrategyRequest) -> Strategy:
@@ -100,17 +103,17 @@ class Strategy:
     @property
     def data_parallel_size(self) -> int:
         """Processes that read different batches (all of them unless groups of processes share one batch)."""
-        return self.state.world_size
+        return self.dims.dp_size if self.dims is not None else self.state.world_size
 
     @property
     def data_parallel_rank(self) -> int:
-        """Which share of each global batch this process reads."""
-        return self.state.rank
+        """Which share of each global batch this process reads (the same across a tensor-parallel group)."""
+        return self.dims.dp_rank(self.state.rank) if self.dims is not None else self.state.rank
 
     @property
     def data_group(self) -> dist.ProcessGroup | None:
         """The process group evaluation results are gathered over (None: every process)."""
-        return None
+        return self.dims.dp_group if self.dims is not None and self.dims.tp > 1 else None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Place ``model`` on the device and wrap it for this strategy."""

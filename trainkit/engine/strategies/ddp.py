@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainkit.engine.parallel.dims import ParallelDims
 from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
@@ -22,8 +23,13 @@ class DDPStrategy(Strategy):
     capabilities = StrategyCapabilities(supports_no_sync=True, gradient_reduction="mean")
 
     def __init__(self, state: ProcessState, ddp_kwargs: dict[str, Any] | None = None,
-                 comm_hook: dict[str, Any] | None = None) -> None:
+                 comm_hook: dict[str, Any] | None = None, dims: ParallelDims | None = None) -> None:
+        """``dims``: the run's degrees when a ParallelismConfig gave them (replication only); by default
+        ``dp_replicate = world``. DDP reduces over the default process group, so it builds no device mesh."""
         super().__init__(state)
+        self.dims = dims if dims is not None else ParallelDims.data_parallel(state.world_size, state.device.type)
+        if not self.dims.pure_replication:
+            raise ValueError(f"DDP replicates whole models; {self.dims.describe()} needs the N-D strategy.")
         self.ddp_kwargs = dict(ddp_kwargs or {})
         self.comm_hook = comm_hook
         """``{"hook", "wrapper", "state_option"}`` from DistributedDataParallelKwargs, or None."""
@@ -32,7 +38,7 @@ class DDPStrategy(Strategy):
     @classmethod
     def from_request(cls, request: StrategyRequest) -> DDPStrategy:
         """DDP with the script's DistributedDataParallelKwargs."""
-        return cls(request.state, request.ddp_kwargs, request.comm_hook)
+        return cls(request.state, request.ddp_kwargs, request.comm_hook, request.parallel_dims)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)

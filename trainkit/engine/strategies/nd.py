@@ -7,17 +7,16 @@ tp``. Wrapping a model (1) splits its planned layers across ``tp`` with ``parall
 ``(dp_replicate, 1)`` (DDP: gradients all-reduced, parameters whole). Everything after wrapping (no-sync,
 clipping over DTensor norms, optimizer re-binding, state dicts, DCP checkpoints) is the FSDP2 strategy's.
 
-What differs from plain FSDP is who reads which data: only the data dimensions read different batches, so
-:attr:`data_parallel_size` / :meth:`data_parallel_rank` are the engine's answers for data loading, loss
-normalisation and evaluation gathers (every rank of a TP group reads the same batch and computes the same loss).
+What differs from plain FSDP is who reads which data: only the data dimensions read different batches. The
+strategy's ``data_parallel_size`` / ``data_parallel_rank`` / ``data_group`` (the base Strategy's, read from the
+ParallelDims every multi-process strategy holds) are the engine's answers for data loading, loss normalisation
+and evaluation gathers (every rank of a TP group reads the same batch and computes the same loss).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-import torch.distributed as dist
 from torch import nn
 
 from trainkit.config.errors import ConfigError
@@ -33,8 +32,7 @@ class NDParallelStrategy(FSDPStrategy):
     """Tensor parallelism x FSDP2 / HSDP / DDP, laid out by a :class:`ParallelDims`."""
 
     def __init__(self, request: StrategyRequest, dims: ParallelDims) -> None:
-        super().__init__(request.state, request.fsdp_plugin, options=request.fsdp_options)
-        self.dims = dims
+        super().__init__(request.state, request.fsdp_plugin, options=request.fsdp_options, dims=dims)
         if self.options.cpu_ram_efficient_loading and dims.tp > 1:
             raise ConfigError("cpu_ram_efficient_loading with tp_size > 1: trainkit loads rank 0's weights into "
                               "FSDP shards only; load the model on every rank (or use from_pretrained's "
@@ -47,22 +45,6 @@ class NDParallelStrategy(FSDPStrategy):
             raise ValueError("NDParallelStrategy needs the run's parallel degrees (StrategyRequest.parallel_dims).")
         return cls(request, request.parallel_dims)
 
-    # -- who reads which data ---------------------------------------------------------------------
-    @property
-    def data_parallel_size(self) -> int:
-        """Processes reading different batches: ``dp_replicate * dp_shard``."""
-        return self.dims.dp_size
-
-    @property
-    def data_parallel_rank(self) -> int:
-        """This process's share of the data (the same across its TP group)."""
-        return self.dims.dp_rank(self.state.rank)
-
-    @property
-    def data_group(self) -> dist.ProcessGroup | None:
-        """The data-parallel ranks at this rank's TP position (None when TP is off: the whole world)."""
-        return self.dims.dp_group if self.dims.tp > 1 else None
-
     # -- wrapping ---------------------------------------------------------------------------------
     def _split_before_sharding(self, model: nn.Module) -> None:
         if self.dims.tp == 1:
@@ -71,9 +53,6 @@ class NDParallelStrategy(FSDPStrategy):
         applied = apply_tensor_parallel(model, self.dims.tp_mesh, plan)
         logger.info("tensor parallel over %d ranks: %d modules split (%s)", self.dims.tp, len(applied),
                     ", ".join(sorted(set(applied.values()))))
-
-    def _data_mesh(self) -> Any:
-        return self.dims.fsdp_mesh
 
 
 def _user_plan(dims: ParallelDims) -> dict[str, str] | None:

@@ -30,7 +30,10 @@ class StrategyEntry:
 
 # First match wins: the most specific request first, the single-device fallback last.
 STRATEGIES: list[StrategyEntry] = [
-    StrategyEntry("nd", "trainkit.engine.strategies.nd:NDParallelStrategy", lambda r: r.parallel_dims is not None),
+    # A ParallelismConfig that shards or splits, or replicates with FSDP options; replication alone stays DDP.
+    StrategyEntry("nd", "trainkit.engine.strategies.nd:NDParallelStrategy",
+                  lambda r: r.parallel_dims is not None and (not r.parallel_dims.pure_replication
+                                                             or r.fsdp_options is not None)),
     StrategyEntry("fsdp", "trainkit.engine.strategies.fsdp.strategy:FSDPStrategy", lambda r: r.fsdp_options is not None),
     StrategyEntry("ddp", "trainkit.engine.strategies.ddp:DDPStrategy", lambda r: r.state.world_size > 1),
     StrategyEntry("single", "trainkit.engine.strategies.single:SingleDeviceStrategy", lambda r: True),

@@ -153,7 +153,7 @@ def test_four_ranks_hybrid_and_load_2_rank_checkpoint(out: Path) -> None:
     assert entry["reference"]["distributed_type"] == "MULTI_CPU"
     for name in ("HYBRID_SHARD", "HYBRID_SHARD_ZERO2"):
         hybrid = entry[name]
-        assert hybrid["mesh_shape"] == [2, 2] and hybrid["mesh_dims"] == ["replicate", "shard"], hybrid
+        assert hybrid["mesh_shape"] == [2, 2] and hybrid["mesh_dims"] == ["dp_replicate", "dp_shard"], hybrid
         assert hybrid["loss_diff"] <= LOSS_TOLERANCE and hybrid["norm_diff"] <= LOSS_TOLERANCE, hybrid
         assert hybrid["local_fraction"] == pytest.approx(0.5, abs=0.01), hybrid
     for name, mesh_shape in (("HYBRID_SHARD_rank0_loading", [2, 2]), ("NO_SHARD_rank0_loading", [4, 1])):

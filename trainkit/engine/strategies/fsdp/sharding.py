@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
 from trainkit.config.errors import ConfigError, did_you_mean
@@ -48,12 +48,6 @@ def mesh_shape(sharding_strategy: str, world_size: int, local_world_size: int,
             )
         return (world_size // group, group)
     return (world_size,)
-
-
-def build_mesh(shape: tuple[int, ...], device_type: str) -> DeviceMesh:
-    """A DeviceMesh over every process; 2-D meshes name their dimensions ("replicate", "shard")."""
-    names = ("shard",) if len(shape) == 1 else ("replicate", "shard")
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 # -- choosing the units that fully_shard wraps ------------------------------------------------------

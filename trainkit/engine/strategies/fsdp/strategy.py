@@ -38,6 +38,7 @@ from trainkit.engine.strategies.fsdp import pretrained_loading
 from trainkit.engine.strategies.fsdp import rank0_weights
 from trainkit.engine.strategies.fsdp import sharding
 from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+from trainkit.engine.parallel.dims import ParallelDims
 from trainkit.engine.precision.base import Precision
 from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
@@ -57,12 +58,16 @@ class FSDPStrategy(Strategy):
                                         replaces_parameters=True, gradient_reduction="mean")
 
     def __init__(self, state: ProcessState, plugin: FullyShardedDataParallelPlugin | None,
-                 precision: Precision | None = None, options: FSDPOptions | None = None) -> None:
+                 precision: Precision | None = None, options: FSDPOptions | None = None,
+                 dims: ParallelDims | None = None) -> None:
         """``options``: the resolved FSDP options (the engine's configuration); default: the plugin's own.
         ``plugin`` supplies what plain data cannot: policy callables, ignored modules, torch's config objects.
-        ``precision``: settings to rebuild with this strategy's scaler (the Accelerator calls ``build_precision``)."""
+        ``precision``: settings to rebuild with this strategy's scaler (the Accelerator calls ``build_precision``).
+        ``dims``: the run's degrees (a ParallelismConfig's); default: the sharding strategy's layout
+        (:func:`data_parallel_dims`)."""
         super().__init__(state)
         self.options = options if options is not None else plugin.options if plugin is not None else FSDPOptions()
+        self.dims: ParallelDims = dims if dims is not None else data_parallel_dims(self.options, state)
         # No plugin given (launcher or TrainingArguments options): a plugin view of the resolved options, so that
         # state.fsdp_plugin shows the options in force, as Accelerate's does.
         self.plugin = plugin if plugin is not None else FullyShardedDataParallelPlugin.showing(self.options)
@@ -134,11 +139,8 @@ class FSDPStrategy(Strategy):
         """Split layers across other mesh dimensions before sharding (tensor parallelism); none here."""
 
     def _data_mesh(self) -> Any:
-        """The mesh ``fully_shard`` spans: every process, shaped by the sharding strategy."""
-        options = self.options
-        shape = sharding.mesh_shape(options.sharding_strategy, self.state.world_size, self.state.local_world_size,
-                                    options.hybrid_shard_group_size)
-        return sharding.build_mesh(shape, self.device.type)
+        """The mesh ``fully_shard`` spans: the data dimensions of the run's :class:`ParallelDims`."""
+        return self.dims.fsdp_mesh
 
     def _choose_units(self, model: nn.Module) -> list[nn.Module]:
         policy = self.plugin.wrap_policy if callable(self.plugin.wrap_policy) else self.options.auto_wrap_policy
@@ -247,6 +249,17 @@ class FSDPStrategy(Strategy):
     def checkpoint_is_sharded(self, model: nn.Module) -> bool:
         """DCP shards for a sharded model unless the plugin asks for ``FULL_STATE_DICT``."""
         return self.sharded_checkpoints and is_sharded(model)
+
+
+def data_parallel_dims(options: FSDPOptions, state: ProcessState) -> ParallelDims:
+    """The degrees of FSDP's sharding strategy: FULL_SHARD / SHARD_GRAD_OP ``dp_shard = world``; HYBRID_*
+    ``dp_replicate x dp_shard`` (shard groups of ``hybrid_shard_group_size``, default one machine); NO_SHARD
+    ``dp_replicate = world`` with a size-1 shard dimension (see :func:`sharding.mesh_shape`)."""
+    shape = sharding.mesh_shape(options.sharding_strategy, state.world_size, state.local_world_size,
+                                options.hybrid_shard_group_size)
+    replicate, shard = (1, shape[0]) if len(shape) == 1 else shape
+    return ParallelDims.of(state.world_size, state.device.type, dp_replicate=replicate, dp_shard=shard,
+                           replicate_dimension=len(shape) == 2)
 
 
 def is_sharded(model: nn.Module) -> bool:
