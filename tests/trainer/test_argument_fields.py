@@ -7,6 +7,7 @@ Each field, set to a non-default valid value, either constructs or fails with th
 import dataclasses
 import json
 import logging
+import os
 import warnings
 
 import pytest
@@ -57,6 +58,8 @@ NON_DEFAULT = {
     "fsdp": "full_shard", "fsdp_config": {"min_num_params": 1000}, "deepspeed": {"zero_optimization": {"stage": 2}},
     "debug": "underflow_overflow", "skip_memory_metrics": False, "do_train": True, "do_eval": True,
     "do_predict": True, "resume_from_checkpoint": "out/checkpoint-5", "local_rank": 0,
+    # transformers 5.1's names, mapped onto their later spelling (older_fields.py)
+    "warmup_ratio": 0.1, "group_by_length": True, "logging_dir": "tb",
 }
 COMPANIONS = {
     "load_best_model_at_end": {"eval_strategy": "epoch", "save_strategy": "epoch"},
@@ -69,6 +72,9 @@ COMPANIONS = {
 # Defaults that differ from transformers' on purpose (docs/migrating-from-transformers.md says why).
 DOCUMENTED_DEFAULTS = {
     "enable_jit_checkpoint": None,  # None: save on preemption whenever checkpoints are written (#13); False: off
+    # Version-dependent: transformers 5.1 declares 'trackio' (the Space its Trackio callback deploys to), later
+    # releases None. Harmless: only report_to='trackio' reads it, and trainkit drives no Trackio tracker.
+    "trackio_space_id": None,
 }
 CPU_ONLY = not torch.cuda.is_available()
 # Fields whose non-default value needs something absent: the error must name it.
@@ -168,6 +174,37 @@ def test_activation_checkpointing_and_its_old_name_are_one_setting():
         TrainingArguments(activation_checkpointing=True, gradient_checkpointing=False)
 
 
+def test_transformers_5_1_fields_map_onto_their_later_spelling_with_a_notice(tmp_path, caplog):
+    """CPU, no run: a script written against transformers 5.1 keeps warmup_ratio, group_by_length and logging_dir."""
+    from transformers import HfArgumentParser
+
+    from trainkit.trainer import argument_checks
+
+    argument_checks._WARNED.clear()
+    older = dict(warmup_ratio=0.25, group_by_length=True, logging_dir="~/tb")
+    with caplog.at_level(logging.WARNING, logger="trainkit"):
+        args = TrainingArguments(str(tmp_path), **older)
+        TrainingArguments(str(tmp_path), **older)  # built twice: each notice once
+    assert args.warmup_steps == 0.25 and args.get_warmup_steps(10) == 3  # 5.1: ceil(0.25 * 10)
+    assert args.train_sampling_strategy == "group_by_length"
+    assert args.logging_dir == os.path.expanduser("~/tb")
+    notices = [r.getMessage() for r in caplog.records if "transformers 5.1's name" in r.getMessage()]
+    assert len(notices) == 3, notices
+    assert "warmup_ratio=0.25" in notices[0] and "warmup_steps=0.25" in notices[0]
+    assert "group_by_length=True" in notices[1] and "train_sampling_strategy='group_by_length'" in notices[1]
+    assert "logging_dir=" in notices[2] and "TensorBoard" in notices[2]
+    # Both spellings with one value (a to_dict() round trip) is one setting, not a conflict.
+    again = TrainingArguments(**{k: v for k, v in args.to_dict().items() if k in ("output_dir", "warmup_ratio",
+                                                                              "warmup_steps", "group_by_length",
+                                                                              "train_sampling_strategy")})
+    assert (again.warmup_steps, again.train_sampling_strategy) == (0.25, "group_by_length")
+    (parsed,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--warmup_ratio", "0.1", "--group_by_length", "--logging_dir", "tb"])
+    assert (parsed.warmup_steps, parsed.train_sampling_strategy, parsed.logging_dir) == (0.1, "group_by_length", "tb")
+    defaults = TrainingArguments(str(tmp_path))
+    assert (defaults.warmup_steps, defaults.train_sampling_strategy) == (0, "random")
+
+
 @pytest.mark.parametrize("kwargs, reason", [
     ({"ddp_backend": "hccl"}, "no hccl backend"),
     ({"train_sampling_strategy": "batch_rebalance"}, "shards every sampler"),
@@ -175,7 +212,10 @@ def test_activation_checkpointing_and_its_old_name_are_one_setting():
     ({"dataloader_in_order": False}, "dataloader_num_workers > 0"),
     ({"accelerator_config": {"gradient_accumulation_kwargs": {"num_steps": 2}}}, "accumulates gradients itself"),
     ({"accelerator_config": {"split_batch": True}}, "split_batches"),
-    ({"group_by_length": True}, "train_sampling_strategy='group_by_length'"),
+    ({"group_by_length": True, "train_sampling_strategy": "sequential"}, "group_by_length=True and "
+     "train_sampling_strategy='sequential' name one setting with two values"),
+    ({"warmup_ratio": 0.1, "warmup_steps": 5}, "warmup_ratio=0.1 and warmup_steps=5 name one setting with two values"),
+    ({"warmup_ratio": 1.0}, r"warmup_ratio=1\.0 .* must be in \[0, 1\)"),
 ])
 def test_refusals_name_the_reason(kwargs, reason):
     with pytest.raises((ConfigError, TypeError), match=reason):

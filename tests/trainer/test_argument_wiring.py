@@ -112,6 +112,26 @@ def test_group_by_length_batches_similar_lengths(tmp_path):
     assert first["attention_mask"].sum(1).max() == 64  # transformers' order: the longest batch comes first
 
 
+def test_group_by_length_of_transformers_5_1_is_the_length_grouped_sampler(tmp_path):
+    """CPU: group_by_length=True (5.1's spelling) gives the batches of train_sampling_strategy='group_by_length'."""
+    def batches(**spelling):
+        args = _args(tmp_path, remove_unused_columns=False, **spelling)
+        trainer = Trainer(model=EchoModel(), args=args, train_dataset=VariableLengths(), data_collator=_pad_collator)
+        return [batch["attention_mask"].sum(1).tolist() for batch in trainer.get_train_dataloader()]
+
+    assert batches(group_by_length=True) == batches(train_sampling_strategy="group_by_length")
+    assert batches(group_by_length=True) != batches()
+
+
+def test_logging_dir_of_transformers_5_1_is_where_tensorboard_writes(tmp_path):
+    """CPU: logging_dir (5.1's name) is the folder of the TensorBoard event files; the JSONL log stays in output_dir."""
+    pytest.importorskip("tensorboard", reason="report_to='tensorboard' needs the optional tensorboard package")
+    args = _args(tmp_path / "out", report_to="tensorboard", logging_dir=str(tmp_path / "tb"))
+    Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(8)).train()
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tb"))
+    assert (tmp_path / "out" / "logs" / "metrics.jsonl").exists()
+
+
 def test_sequential_sampling_keeps_dataset_order(tmp_path):
     args = _args(tmp_path, train_sampling_strategy="sequential", per_device_train_batch_size=5)
     batch = next(iter(Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(13)).get_train_dataloader()))
@@ -131,6 +151,30 @@ def test_model_side_fields(tmp_path):
     model.train()
     assert not torch.equal(embeddings(ids), embeddings(ids))  # NEFTune noise while training
     model.eval()
+    assert torch.equal(embeddings(ids), embeddings(ids))
+
+
+def test_neftune_takes_the_installed_transformers_hook_and_finds_a_peft_models_embeddings():
+    """CPU: the hook is the installed release's (transformers.integrations.neftune, or trainer_utils in 5.1); a PEFT
+    model's noise goes on its base model's embeddings; a model without input embeddings is named."""
+    import transformers
+
+    from trainkit.trainer.neftune import activate_neftune, noise_hook
+
+    hook = noise_hook()
+    assert hook.__module__.startswith("transformers.") and hook.__name__ == "neftune_post_forward_hook"
+    assert hook is (getattr(getattr(transformers, "integrations", None), "neftune", None) or transformers.trainer_utils
+                    ).neftune_post_forward_hook
+    with pytest.raises(ValueError, match="get_input_embeddings"):
+        activate_neftune(nn.Linear(2, 2), 5.0)
+    peft = pytest.importorskip("peft", reason="the PEFT case needs the optional peft package")
+    model = _tiny_gpt2()
+    wrapped = peft.get_peft_model(model, peft.LoraConfig(target_modules=["c_attn"]))
+    handle = activate_neftune(wrapped, 5.0)
+    embeddings, ids = model.get_input_embeddings(), torch.arange(8)[None]
+    wrapped.train()
+    assert embeddings.neftune_noise_alpha == 5.0 and not torch.equal(embeddings(ids), embeddings(ids))
+    handle.remove()
     assert torch.equal(embeddings(ids), embeddings(ids))
 
 

@@ -128,6 +128,12 @@ def p_warmup(tmp_path):
     assert first_lr == pytest.approx(trainer.args.learning_rate / 2)
 
 
+def p_warmup_ratio(tmp_path):
+    trainer = quick(tmp_path, max_steps=4, warmup_steps=0, warmup_ratio=0.5, logging_steps=1)  # 5.1: warmup_steps=0 is unset
+    trainer.train()
+    assert trainer.state.log_history[0]["learning_rate"] == pytest.approx(trainer.args.learning_rate / 2)
+
+
 def p_precision(tmp_path):
     assert quick(tmp_path, bf16=True).accelerator.mixed_precision == "bf16"
     assert quick(tmp_path / "fp16", fp16=True, use_cpu=True).accelerator.scaler is not None
@@ -419,6 +425,7 @@ PROOFS: dict[str, Any] = {
     "lr_scheduler_type": p_scheduler,
     "lr_scheduler_kwargs": Elsewhere("trainer/test_arguments.py::test_hf_argument_parser_parses_every_field"),
     "warmup_steps": p_warmup,
+    "warmup_ratio": p_warmup_ratio,
     "optim_target_modules": Elsewhere("trainer/test_argument_fields.py::test_each_field_constructs_or_names_what_it_needs"),
     "label_smoothing_factor": Elsewhere("trainer/test_argument_wiring.py::test_label_smoothing_is_transformers_label_smoother"),
     "bf16": p_precision, "fp16": p_precision,
@@ -440,6 +447,7 @@ PROOFS: dict[str, Any] = {
     "log_on_each_node": p_on_each_node,
     "logging_nan_inf_filter": p_nan_filter, "include_num_input_tokens_seen": p_tokens_seen,
     "log_level": p_log_level, "log_level_replica": p_on_each_node,
+    "logging_dir": Elsewhere("trainer/test_argument_wiring.py::test_logging_dir_of_transformers_5_1_is_where_tensorboard_writes"),
     "disable_tqdm": p_disable_tqdm, "report_to": p_report_to, "run_name": p_run_name,
     "project": Warns(dict(project="mine"), "project='mine' is read by the Trackio tracker only"),
     "trackio_space_id": Elsewhere("trainer/test_argument_fields.py::test_each_field_constructs_or_names_what_it_needs"),
@@ -481,6 +489,7 @@ PROOFS: dict[str, Any] = {
     "label_names": p_label_names,
     "train_sampling_strategy": Elsewhere("trainer/test_argument_wiring.py::test_sequential_sampling_keeps_dataset_order"),
     "length_column_name": Elsewhere("trainer/test_argument_wiring.py::test_group_by_length_batches_similar_lengths"),
+    "group_by_length": Elsewhere("trainer/test_argument_wiring.py::test_group_by_length_of_transformers_5_1_is_the_length_grouped_sampler"),
     "fsdp": Elsewhere("trainer/checkpointing/test_checkpoints_processes.py::test_fsdp_sharded_checkpoint_holds_dcp_shards_that_merge_weights_turns_into_the_model"),
     "fsdp_config": Elsewhere("trainer/checkpointing/test_checkpoints_processes.py::test_fsdp_sharded_checkpoint_holds_dcp_shards_that_merge_weights_turns_into_the_model"),
     "deepspeed": Elsewhere("engine/strategies/test_deepspeed_processes.py::test_training_arguments_deepspeed_gives_the_same_run"),

@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice
+from trainkit.trainer.older_fields import apply_older_fields
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ def check_transformers_fields(args: Any) -> None:
         raise ConfigError(f"lr_scheduler_kwargs={value!r} in {WHERE} must be a dict or a JSON object string "
                           "(e.g. '{\"num_cycles\": 2}').")
     _merge_checkpointing_alias(args)
+    apply_older_fields(args, warn_once)  # transformers 5.1's warmup_ratio, group_by_length, logging_dir
     _check_unavailable_features(args)
     _check_distributed(args)
     _check_data_loading(args)

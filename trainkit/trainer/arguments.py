@@ -39,16 +39,14 @@ FSDP_SHARDING_WORDS = {
 }
 FSDP_FLAG_WORDS = ("offload", "auto_wrap")
 # Keyword arguments that transformers 4.x accepted and 5.x renamed: named in the error, not silently mapped.
+# (5.1's warmup_ratio, group_by_length and logging_dir are fields, mapped with a notice: see older_fields.py.)
 RENAMED_ARGUMENTS = {
     "evaluation_strategy": "eval_strategy",
-    "warmup_ratio": "warmup_steps (a float in [0, 1) is a ratio of the total steps)",
     "no_cuda": "use_cpu",
     "use_mps_device": "use_cpu=False (the device is picked automatically)",
     "overwrite_output_dir": "nothing: checkpoints never overwrite each other; remove it",
-    "logging_dir": "nothing: trackers write under output_dir; remove it",
     "per_gpu_train_batch_size": "per_device_train_batch_size",
     "per_gpu_eval_batch_size": "per_device_eval_batch_size",
-    "group_by_length": "train_sampling_strategy='group_by_length'",
 }
 
 
@@ -90,6 +88,7 @@ class TrainingArguments(ProcessAttributes):
     lr_scheduler_type: str = field(default="linear", metadata={"help": "A transformers scheduler name (linear, cosine, constant, ...)."})
     lr_scheduler_kwargs: dict | str | None = field(default=None, metadata={"help": "Extra scheduler arguments (dict or JSON string)."})
     warmup_steps: float = field(default=0, metadata={"help": "Warm-up steps: an integer, or a float in [0, 1) as a ratio of total steps."})
+    warmup_ratio: float | None = field(default=None, metadata={"help": "transformers 5.1's name: read as warmup_steps=<ratio> (a ratio of total steps in [0, 1))."})
     optim_target_modules: None | str | list[str] = field(default=None, metadata={"help": "Modules the GaLore/APOLLO optimizers target (those optimizers are not available in trainkit)."})
     label_smoothing_factor: float = field(default=0.0, metadata={"help": "Label smoothing epsilon applied to the model's logits (0 = none)."})
 
@@ -118,6 +117,7 @@ class TrainingArguments(ProcessAttributes):
     logging_first_step: bool = field(default=False, metadata={"help": "Also log after the first optimizer step."})
     log_on_each_node: bool = field(default=True, metadata={"help": "With several machines: the first process of each machine logs (False: only the global first)."})
     logging_nan_inf_filter: bool = field(default=True, metadata={"help": "Leave NaN/inf step losses out of the logged average."})
+    logging_dir: str | None = field(default=None, metadata={"help": "transformers 5.1's name for the TensorBoard folder: the TensorBoard event files go there (default: output_dir/<run name>)."})
     include_num_input_tokens_seen: str | bool = field(default="no", metadata={"help": "Count input tokens: all | non_padding | no (True = all)."})
     log_level: str = field(default="passive", metadata={"help": "Logging level of the main process (passive leaves it alone)."})
     log_level_replica: str = field(default="warning", metadata={"help": "Logging level of the other processes."})
@@ -184,6 +184,7 @@ class TrainingArguments(ProcessAttributes):
     remove_unused_columns: bool = field(default=True, metadata={"help": "Drop dataset columns that the model's forward does not take."})
     label_names: list[str] | None = field(default=None, metadata={"help": "Input keys holding the labels (default: the model's, else 'labels')."})
     train_sampling_strategy: str = field(default="random", metadata={"help": "random | sequential | group_by_length (batch_rebalance is transformers-only)."})
+    group_by_length: bool = field(default=False, metadata={"help": "transformers 5.1's name: True is train_sampling_strategy='group_by_length'."})
     length_column_name: str = field(default="length", metadata={"help": "Column of precomputed lengths for group_by_length."})
 
     # --- FSDP ---

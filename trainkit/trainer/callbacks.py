@@ -13,6 +13,8 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
+from .older_fields import tensorboard_init_kwargs
+
 if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
 
@@ -387,7 +389,8 @@ class TrackerCallback(TrainerCallback):
             config = {k: v for k, v in args.to_dict().items() if isinstance(v, (int, float, str, bool))}
             # The engine's trackers write under project_dir (output_dir)/<run name>: without a run_name that
             # folder is "logs", never output_dir's own name again (which nested out/out/).
-            self.accelerator.init_trackers(args.run_name or DEFAULT_TRACKER_RUN, config=config)
+            self.accelerator.init_trackers(args.run_name or DEFAULT_TRACKER_RUN, config=config,
+                                           init_kwargs=tensorboard_init_kwargs(args))  # logging_dir (5.1)
             self.started = True
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

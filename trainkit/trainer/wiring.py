@@ -103,10 +103,8 @@ def prepare_model_features(trainer: Any, model: nn.Module) -> None:
 
         _apply_liger_kernel_to_instance(model=model, **(args.liger_kernel_config or {}))
     if args.neftune_noise_alpha is not None:
-        from transformers.integrations.neftune import activate_neftune
+        from .neftune import activate_neftune  # the installed transformers' hook, wherever that release has it
 
-        if not hasattr(model, "get_input_embeddings"):
-            raise ValueError(f"neftune_noise_alpha needs a model with get_input_embeddings(); {type(model).__name__} has none.")
         trainer.neftune_hook_handle = activate_neftune(model, args.neftune_noise_alpha)
     if "underflow_overflow" in args.debug:
         from transformers.debug_utils import DebugUnderflowOverflow

@@ -21,10 +21,12 @@ class TensorBoardTracker(GeneralTracker):
     name = "tensorboard"
     requires_logging_directory = True
 
-    def __init__(self, run_name: str, logging_dir: str, **kwargs: Any) -> None:
+    def __init__(self, run_name: str, logging_dir: str, log_dir: str | None = None, **kwargs: Any) -> None:
+        """``log_dir`` (trainkit): write the event files in that folder instead of ``<logging_dir>/<run_name>``
+        (the Trainer's ``logging_dir``); other keywords go to ``SummaryWriter``."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(os.path.join(logging_dir, run_name), **kwargs)
+        self.writer = SummaryWriter(log_dir if log_dir is not None else os.path.join(logging_dir, run_name), **kwargs)
 
     @property
     def tracker(self) -> Any:
