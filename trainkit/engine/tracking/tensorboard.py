@@ -21,12 +21,13 @@ class TensorBoardTracker(GeneralTracker):
     name = "tensorboard"
     requires_logging_directory = True
 
-    def __init__(self, run_name: str, logging_dir: str, log_dir: str | None = None, **kwargs: Any) -> None:
-        """``log_dir`` (trainkit): write the event files in that folder instead of ``<logging_dir>/<run_name>``
-        (the Trainer's ``logging_dir``); other keywords go to ``SummaryWriter``."""
+    def __init__(self, run_name: str, logging_dir: str, **kwargs: Any) -> None:
+        """Keywords go to ``SummaryWriter``; its ``log_dir`` (trainkit; Accelerate's tracker refuses it) writes
+        the event files in that folder instead of ``<logging_dir>/<run_name>`` (the Trainer's ``logging_dir``)."""
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir if log_dir is not None else os.path.join(logging_dir, run_name), **kwargs)
+        folder = kwargs.pop("log_dir", None) or os.path.join(logging_dir, run_name)
+        self.writer = SummaryWriter(folder, **kwargs)
 
     @property
     def tracker(self) -> Any:
