@@ -48,6 +48,7 @@ case "$cell" in
            tests/engine/checkpoint/test_checkpoint_units.py tests/engine/test_accelerator_unit.py tests/engine/strategies/fsdp/test_fsdp_options.py
            tests/trainer/test_arguments.py tests/test_architecture.py tests/recipes/test_synthetic_data.py
            tests/trainer/test_stream_units.py
+           tests/trainer/test_argument_fields.py tests/trainer/test_argument_wiring.py  # the release's own fields
            "tests/cli/test_cli_launch.py::test_two_processes_with_flags_overriding_the_file")
     ;;
   *)
