@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).parent))
-from nd_parallel import ACCUMULATION, CLIP, GLOBAL, LR, STEPS, build_model, dataset  # noqa: E402
+from nd_parallel import ACCUMULATION, CLIP, GLOBAL, LR, STEPS, build_model, dataset, micro_step  # noqa: E402
 
 from trainkit import Accelerator, ParallelismConfig  # noqa: E402
 
@@ -53,14 +53,7 @@ def accelerator_run(accelerator: Accelerator, save_to: Path | None, *, resume: P
         loader = accelerator.skip_first_batches(loader, first * ACCUMULATION)
     losses, norms = [], []
     for index, (ids,) in enumerate(loader, start=first * ACCUMULATION):
-        with accelerator.accumulate(model):
-            loss = model(input_ids=ids, labels=ids).loss
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:
-                norms.append(float(accelerator.clip_grad_norm_(model.parameters(), CLIP)))
-            optimizer.step()
-            optimizer.zero_grad()
-        losses.append(float(accelerator.reduce(loss.detach(), "mean")))
+        losses.append(micro_step(accelerator, model, optimizer, ids, norms))
         if save_to is not None and (index + 1) == save_after * ACCUMULATION:
             accelerator.save_state(str(save_to))
     return {"losses": losses, "norms": norms, "params": accelerator.get_state_dict(model), "loaded": loaded,

@@ -68,6 +68,19 @@ def reference(tied: bool) -> dict:
             "eval": evaluated}
 
 
+def micro_step(accelerator: Accelerator, model, optimizer, ids: torch.Tensor, norms: list[float]) -> float:
+    """One micro-batch through the Accelerator (accumulation, clipping at the window's end, appended to
+    ``norms``); returns the loss averaged over the processes."""
+    with accelerator.accumulate(model):
+        loss = model(input_ids=ids, labels=ids).loss
+        accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            norms.append(float(accelerator.clip_grad_norm_(model.parameters(), CLIP)))
+        optimizer.step()
+        optimizer.zero_grad()
+    return float(accelerator.reduce(loss.detach(), "mean"))
+
+
 def distributed(layout: dict | None, tied: bool, mixed_precision: str = "no") -> dict:
     """One run under ``layout`` (None: the launcher's ``parallelism_config:`` block, ``Accelerator()`` not told)."""
     parallelism = ParallelismConfig(**layout) if layout is not None else None
@@ -80,14 +93,7 @@ def distributed(layout: dict | None, tied: bool, mixed_precision: str = "no") ->
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     losses, norms = [], []
     for (ids,) in loader:
-        with accelerator.accumulate(model):
-            loss = model(input_ids=ids, labels=ids).loss
-            accelerator.backward(loss)
-            if accelerator.sync_gradients:
-                norms.append(float(accelerator.clip_grad_norm_(model.parameters(), CLIP)))
-            optimizer.step()
-            optimizer.zero_grad()
-        losses.append(float(accelerator.reduce(loss.detach(), "mean")))
+        losses.append(micro_step(accelerator, model, optimizer, ids, norms))
     eval_loader = accelerator.prepare(DataLoader(dataset(10), batch_size=2))
     gathered = []
     with torch.no_grad():
