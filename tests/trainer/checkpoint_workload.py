@@ -32,9 +32,11 @@ class RegressionData(Dataset):
 class DropoutRegressor(nn.Module):
     """Two layers with dropout between them (the random stream must continue exactly on resume)."""
 
-    def __init__(self) -> None:
+    def __init__(self, dropout: float | None = 0.3) -> None:
+        """``dropout=None``: no dropout layer (a model whose result does not depend on a random stream)."""
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
+        masks = [nn.Dropout(dropout)] if dropout is not None else []
+        self.layers = nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), *masks, nn.Linear(16, 1))
 
     def forward(self, x, labels=None):
         prediction = self.layers(x).squeeze(-1)
