@@ -21,6 +21,7 @@ of the saved weights) are real on every rank again.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -92,8 +93,10 @@ def _empty_model(cls: Any, location: Any, kwargs: dict[str, Any]) -> Any:
     config = options.pop("config", None)
     hub = {key: options.pop(key) for key in HUB_OPTIONS if key in options}
     if isinstance(config, PretrainedConfig):
-        config = config.__class__.from_dict({**config.to_dict(), **{key: value for key, value in options.items()
-                                                                      if hasattr(config, key)}})
+        config = copy.deepcopy(config)  # the caller's object stays as it was, as from_pretrained keeps it
+        for key, value in options.items():
+            if hasattr(config, key):
+                setattr(config, key, value)
     else:
         config = cls.config_class.from_pretrained(config if config is not None else location, **hub, **options)
     if dtype == "auto":
