@@ -61,7 +61,8 @@ def run(mode: str, steps: int, width: int, batch: int, scratch: str) -> dict[str
     args = TrainingArguments(
         output_dir=f"{scratch}/{mode}", max_steps=steps, per_device_train_batch_size=batch, learning_rate=1e-4,
         save_strategy="no" if mode == "none" else "steps", save_steps=1, save_total_limit=2,
-        async_save=mode.startswith("async"), eval_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
+        async_save=mode.startswith("async"), async_save_when_busy="skip" if mode == "async-skip" else "wait",
+        eval_strategy="no", logging_strategy="no", report_to="none", disable_tqdm=True,
         use_cpu=True, dataloader_num_workers=0, seed=0, enable_jit_checkpoint=False,
     )
 
@@ -70,8 +71,6 @@ def run(mode: str, steps: int, width: int, batch: int, scratch: str) -> dict[str
             clock.append(time.perf_counter())
 
     trainer = Trainer(model=Regressor(width), args=args, train_dataset=Data(steps * batch, width), callbacks=[Clock()])
-    if mode == "async-skip":  # the Trainer's engine takes it from its ProjectConfiguration (no TrainingArguments field)
-        trainer.accelerator.project_configuration.async_save_when_busy = "skip"
     trainer.train()
     clock.append(time.perf_counter())  # train() has flushed the last asynchronous save
     per_step = [b - a for a, b in zip(clock, clock[1:])][3:]

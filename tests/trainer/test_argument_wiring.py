@@ -132,6 +132,19 @@ def test_logging_dir_of_transformers_5_1_is_where_tensorboard_writes(tmp_path):
     assert (tmp_path / "out" / "logs" / "metrics.jsonl").exists()
 
 
+def test_tensorboard_folder_comes_from_the_environment_variable_transformers_reads(tmp_path, monkeypatch):
+    """CPU: TENSORBOARD_LOGGING_DIR (transformers 5.x's TensorBoard callback) is the folder of the event files;
+    logging_dir, where set, comes first."""
+    pytest.importorskip("tensorboard", reason="report_to='tensorboard' needs the optional tensorboard package")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "from-env"))
+    Trainer(model=EchoModel(), args=_args(tmp_path / "a", report_to="tensorboard"), train_dataset=IndexDataset(8)).train()
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "from-env"))
+    args = _args(tmp_path / "b", report_to="tensorboard", logging_dir=str(tmp_path / "field"))
+    Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(8)).train()
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "field"))
+    assert len(os.listdir(tmp_path / "from-env")) == 1
+
+
 def test_sequential_sampling_keeps_dataset_order(tmp_path):
     args = _args(tmp_path, train_sampling_strategy="sequential", per_device_train_batch_size=5)
     batch = next(iter(Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(13)).get_train_dataloader()))

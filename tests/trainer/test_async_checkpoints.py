@@ -115,3 +115,35 @@ def test_sigterm_during_a_background_save_finishes_it_saves_again_and_the_rerun_
     assert resumed.train().global_step == STEPS  # resumes by itself after a preemption
     expected = final_weights(reference)
     assert all(torch.equal(expected[k], v) for k, v in final_weights(resumed).items())
+
+
+def test_async_save_when_busy_skip_skips_the_saves_that_find_a_write_in_flight(tmp_path, monkeypatch, caplog):
+    """``TrainingArguments(async_save_when_busy="skip")``: while checkpoint-1 is held in its background write,
+    the saves of steps 2 and 3 are skipped with a warning each; once it is committed, step 4's save is written."""
+    import logging
+    import threading
+
+    from trainkit import TrainerCallback
+    from trainkit.engine.checkpoint import async_writer, state_io
+
+    gate = threading.Event()
+    real_write = state_io.write_tensors_now
+    monkeypatch.setattr(async_writer, "write_tensors_now", lambda *a: (gate.wait(60), real_write(*a)))
+
+    class ReleaseBeforeStep4(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                gate.set()
+                trainer.accelerator._checkpoint_writer.flush()  # checkpoint-1 is committed before step 4 saves
+
+    output_dir = str(tmp_path / "out")
+    trainer = make_trainer(output_dir, max_steps=4, eval_strategy="no", async_save=True, async_save_when_busy="skip")
+    trainer.add_callback(ReleaseBeforeStep4())
+    assert trainer.accelerator.project_configuration.async_save_when_busy == "skip"
+    with caplog.at_level(logging.WARNING, logger="trainkit.engine.checkpoint.async_writer"):
+        trainer.train()
+    assert sorted(n for n in os.listdir(output_dir) if n.startswith("checkpoint")) == ["checkpoint-1", "checkpoint-4"]
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 2 and "checkpoint-2" in skipped[0] and "checkpoint-3" in skipped[1]
+    writer = trainer.accelerator._checkpoint_writer
+    assert (writer.written, writer.skipped) == (2, 2)

@@ -463,6 +463,7 @@ PROOFS: dict[str, Any] = {
     "save_only_model": Elsewhere("trainer/checkpointing/test_checkpoints.py::test_save_only_model_writes_weights_and_state_only_and_still_resumes"),
     "save_on_each_node": p_on_each_node,
     "async_save": Elsewhere("trainer/test_async_checkpoints.py::test_async_checkpoints_are_the_synchronous_ones_and_resume_exactly"),
+    "async_save_when_busy": Elsewhere("trainer/test_async_checkpoints.py::test_async_save_when_busy_skip_skips_the_saves_that_find_a_write_in_flight"),
     "load_best_model_at_end": p_best, "metric_for_best_model": p_best, "greater_is_better": p_best,
     "resume_from_checkpoint": FOR_SCRIPTS,
     "ignore_data_skip": p_ignore_data_skip,
@@ -547,6 +548,9 @@ def test_fields_that_change_nothing_here_say_so_once(tmp_path, caplog):
     assert text.count("length_column_name='n' in TrainingArguments has no effect") == 1
     TrainingArguments(str(tmp_path), push_to_hub=True, hub_always_push=True)
     assert "hub_always_push=True in TrainingArguments has no effect: trainkit uploads synchronously" in caplog.text
+    TrainingArguments(str(tmp_path), async_save_when_busy="skip")
+    assert "async_save_when_busy='skip' in TrainingArguments has no effect: it is read only with async_save=True" \
+        in caplog.text
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -556,6 +560,7 @@ def test_fields_that_change_nothing_here_say_so_once(tmp_path, caplog):
     (dict(fp16="False"), r"fp16='False' in TrainingArguments must be True/False"),
     (dict(max_steps="5"), r"max_steps='5' .* must be an integer"),
     (dict(lr_scheduler_kwargs="cycles=2"), r"lr_scheduler_kwargs='cycles=2' .* must be a dict or a JSON object"),
+    (dict(async_save=True, async_save_when_busy="later"), r"async_save_when_busy='later' in TrainingArguments is not valid; use 'wait'.*'skip'"),
 ])
 def test_values_of_the_wrong_type_fail_at_construction_naming_the_field(tmp_path, kwargs, message):
     """transformers keeps these strings and its Trainer later stops on a bare TypeError; here they fail at once."""

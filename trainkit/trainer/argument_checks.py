@@ -21,6 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice
+from trainkit.config.values import check_async_save_when_busy
 from trainkit.trainer.older_fields import apply_older_fields
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ def check_transformers_fields(args: Any) -> None:
     _check_distributed(args)
     _check_data_loading(args)
     _check_evaluation(args)
+    check_async_save_when_busy(args.async_save_when_busy, where=WHERE)
     _check_precision_device(args)
     _apply_tf32(args.tf32, args.use_cpu)
     args.accelerator_config = _load_accelerator_config(args.accelerator_config)
@@ -100,6 +102,9 @@ def fields_without_effect(args: Any) -> list[str]:
         if checkpoint_set:
             lines.append(f"{', '.join(checkpoint_set)} in {WHERE} {'has' if len(checkpoint_set) == 1 else 'have'} "
                          "no effect: save_strategy='no' writes no checkpoints.")
+    if args.async_save_when_busy != "wait" and not (args.async_save and args.save_strategy != "no"):
+        lines.append(f"async_save_when_busy={args.async_save_when_busy!r} in {WHERE} has no effect: it is read only "
+                     "with async_save=True and save_strategy other than 'no'.")
     if args.activation_checkpointing_kwargs and not args.activation_checkpointing:
         lines.append(f"activation_checkpointing_kwargs (gradient_checkpointing_kwargs) in {WHERE} has no effect: "
                      "activation_checkpointing is off.")

@@ -11,9 +11,8 @@ import dataclasses
 import json
 import logging
 import math
+import os
 from typing import TYPE_CHECKING, Any
-
-from .older_fields import tensorboard_init_kwargs
 
 if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
@@ -376,6 +375,18 @@ class PrinterCallback(TrainerCallback):
             print({k: v for k, v in logs.items() if k != "total_flos"}, flush=True)  # the callback's purpose
 
 
+TENSORBOARD_DIR_ENV = "TENSORBOARD_LOGGING_DIR"
+"""The environment variable transformers' TensorBoard callback takes its folder from (5.x)."""
+
+
+def tensorboard_init_kwargs(args: TrainingArguments) -> dict[str, dict[str, Any]]:
+    """The trackers' start keywords for the folder of the TensorBoard event files: ``logging_dir`` (transformers
+    5.1's field, see :mod:`.older_fields`), else ``$TENSORBOARD_LOGGING_DIR`` (as transformers reads it), else
+    none: the engine's default, ``output_dir/<run name>``."""
+    folder = args.logging_dir or os.environ.get(TENSORBOARD_DIR_ENV)
+    return {"tensorboard": {"log_dir": os.path.expanduser(folder)}} if folder else {}
+
+
 class TrackerCallback(TrainerCallback):
     """Forwards every log to the engine's trackers (JSONL always; TensorBoard and W&B per ``report_to``)."""
 
@@ -390,7 +401,7 @@ class TrackerCallback(TrainerCallback):
             # The engine's trackers write under project_dir (output_dir)/<run name>: without a run_name that
             # folder is "logs", never output_dir's own name again (which nested out/out/).
             self.accelerator.init_trackers(args.run_name or DEFAULT_TRACKER_RUN, config=config,
-                                           init_kwargs=tensorboard_init_kwargs(args))  # logging_dir (5.1)
+                                           init_kwargs=tensorboard_init_kwargs(args))
             self.started = True
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

@@ -74,9 +74,3 @@ def _apply_logging_dir(args: Any, notice: Any) -> None:
            "trainkit writes the TensorBoard event files there when report_to includes 'tensorboard' (the other "
            "trackers write under output_dir).")
 
-
-def tensorboard_init_kwargs(args: Any) -> dict[str, dict[str, Any]]:
-    """The trackers' start keywords that ``logging_dir`` asks for: the TensorBoard event files in that folder."""
-    if args.logging_dir is None:
-        return {}
-    return {"tensorboard": {"log_dir": args.logging_dir}}

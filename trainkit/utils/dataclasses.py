@@ -6,6 +6,7 @@ import dataclasses
 from datetime import timedelta
 from typing import Any
 
+from trainkit.config.values import check_async_save_when_busy
 
 from .enums import _ContainsByValue
 from .enums import (  # noqa: F401 - re-exported: scripts import the enums from here too
@@ -133,9 +134,7 @@ class ProjectConfiguration:
     def __post_init__(self) -> None:
         if not isinstance(self.async_save, bool):
             raise ValueError(f"ProjectConfiguration(async_save={self.async_save!r}): use True or False.")
-        if self.async_save_when_busy not in ("wait", "skip"):
-            raise ValueError(f"ProjectConfiguration(async_save_when_busy={self.async_save_when_busy!r}) is not valid; "
-                             "use 'wait' (a new save waits for the one in flight) or 'skip' (it is skipped).")
+        check_async_save_when_busy(self.async_save_when_busy, where="ProjectConfiguration")
 
     def set_directories(self, project_dir: str | None = None) -> None:
         """Set ``project_dir`` and default ``logging_dir`` to it."""

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from trainkit.config.values import check_async_save_when_busy
+
 from .atomic import _all_gather
 from .background_gather import WriterMesh, gather_full
 from .errors import CheckpointError
@@ -43,7 +45,6 @@ from .storage import CheckpointIO
 
 logger = logging.getLogger(__name__)
 
-WHEN_BUSY_CHOICES = ("wait", "skip")
 WRITER_THREAD_NAME = "trainkit-checkpoint-writer"
 
 WriteFiles = Callable[[str], None]
@@ -52,19 +53,11 @@ AfterCommit = Callable[[str], None]
 """Runs on every rank once the checkpoint is visible (rotation, uploads); it is given the final folder."""
 
 
-def check_when_busy(value: str) -> str:
-    """``async_save_when_busy`` checked early, with the valid values in the message."""
-    if value not in WHEN_BUSY_CHOICES:
-        raise ValueError(f"async_save_when_busy={value!r} is not valid; use 'wait' (a new save waits for the one in "
-                         "flight) or 'skip' (a new save is skipped while one is in flight).")
-    return value
-
-
 class BackgroundCheckpointWriter:
     """One process's background checkpoint writer: at most one save in flight, its error kept for the loop."""
 
     def __init__(self, when_busy: str = "wait") -> None:
-        self.when_busy = check_when_busy(when_busy)
+        self.when_busy = check_async_save_when_busy(when_busy, where="the background checkpoint writer")
         self.pool = HostBufferPool()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
