@@ -86,9 +86,10 @@ def run(mode: str, steps: int, width: int, batch: int, scratch: str) -> dict[str
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--width", type=int, default=512)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=2)
+    # The default is the case where a 37 MB write fits in a step; --width 512 --batch 256 is one where it does not.
+    parser.add_argument("--width", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default="none,sync,async,async-skip", help="comma-separated, of: " + ",".join(MODES))
     args = parser.parse_args()
     logging.disable(logging.WARNING)
