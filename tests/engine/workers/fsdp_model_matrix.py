@@ -114,7 +114,7 @@ def merged_weights_entry(name: str) -> dict[str, Any]:
                 steps=3)
     accelerator = run["accelerator"]
     full = accelerator.get_state_dict(run["model"])
-    folder = tempfile.mkdtemp(prefix="merge-") if accelerator.is_main_process else None
+    folder = tempfile.mkdtemp(prefix="merge-", dir=OUT) if accelerator.is_main_process else None
     folder = broadcast_text(folder)
     accelerator.save_state(f"{folder}/checkpoint")
     entry: dict[str, Any] = {}
@@ -155,7 +155,7 @@ def save_then_load(state_dict_type: str) -> dict[str, Any]:
     """Train tied GPT-2, save_state, train on, load_state in the same process: weights and ties come back."""
     run = train("gpt2", fsdp_accelerator(auto_wrap_policy="SIZE_BASED_WRAP", state_dict_type=state_dict_type), steps=3)
     accelerator, model = run["accelerator"], run["model"]
-    folder = broadcast_text(tempfile.mkdtemp(prefix="saveload-") if accelerator.is_main_process else None)
+    folder = broadcast_text(tempfile.mkdtemp(prefix="saveload-", dir=OUT) if accelerator.is_main_process else None)
     saved = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
     accelerator.save_state(folder)
     for step in range(2):  # moves the weights away from the saved ones
