@@ -73,4 +73,3 @@ def _apply_logging_dir(args: Any, notice: Any) -> None:
     notice(f"logging_dir={args.logging_dir!r} in {WHERE} is {OLDER_RELEASE}'s name for the TensorBoard folder: "
            "trainkit writes the TensorBoard event files there when report_to includes 'tensorboard' (the other "
            "trackers write under output_dir).")
-
