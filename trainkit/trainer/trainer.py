@@ -31,7 +31,7 @@ from .construction_checks import check_trainer_inputs
 from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_unknown_columns, default_collator,
                    default_label_names, loss_from_outputs, remove_unused_columns, samples_in, split_loss, tokens_in)
 from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
-from .meter import TrainingMeter, current_learning_rate, log_metrics_block, training_logs, write_metrics_file
+from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
 from .plan import TrainingPlan, length_or_none, loader_epoch, training_plan
@@ -102,9 +102,10 @@ class Trainer:
         self.label_names = self.args.label_names or default_label_names(model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
-        self._num_parameters = sum(p.numel() for p in model.parameters())
+        self._num_parameters = flops_parameters(model)
         self._eval_dataloaders: dict[Any, DataLoader] = {}
         self._last_grad_norm: torch.Tensor | None = None
+        self._step_learning_rate: float | None = None  # the rate the last optimizer step used (logged as transformers does)
         self._preemption_watch: PreemptionWatch | None = None  # while train() runs (checkpointing/preemption.py)
         self.checkpoint_manager = CheckpointManager(self)
         """Saves, resume point, rotation and the best model: every checkpoint goes through it."""
@@ -403,6 +404,7 @@ class Trainer:
         self.control = handler.on_pre_optimizer_step(args, self.state, self.control)
         self.optimizer.step()
         self.control = handler.on_optimizer_step(args, self.state, self.control)
+        self._step_learning_rate = current_learning_rate(self.lr_scheduler, self.optimizer)  # before the schedule moves on
         if not self.accelerator.optimizer_step_was_skipped and not self._scheduler_needs_metrics():
             self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -426,7 +428,10 @@ class Trainer:
         values = self.meter.flush()
         if values:
             self._count_tokens(values["tokens"])
-            self.log(training_logs(values, self._last_grad_norm, current_learning_rate(self.lr_scheduler, self.optimizer)))
+            rate = self._step_learning_rate
+            if rate is None:
+                rate = current_learning_rate(self.lr_scheduler, self.optimizer)
+            self.log(training_logs(values, self._last_grad_norm, rate))
 
     def _count_tokens(self, tokens: float) -> None:
         self.state.total_flos += 6.0 * self._num_parameters * tokens
@@ -546,8 +551,10 @@ class Trainer:
     # ------------------------------------------------------------------ logging and saving
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Record ``logs`` (with epoch and step) in ``state.log_history`` and send them to the callbacks and trackers."""
-        logs = dict(logs)
+        """Record ``logs`` (with epoch and step) in ``state.log_history`` and send them to the callbacks and trackers.
+
+        ``epoch`` (and the token count) are added to ``logs`` itself, as transformers does: the metrics that
+        ``train()`` and ``evaluate()`` return, and scripts save with ``save_metrics``, carry the epoch."""
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
         if self.args.include_num_input_tokens_seen != "no":
