@@ -5,8 +5,10 @@ metrics ``train()`` and ``evaluate()`` return carry ``epoch`` (the scripts save 
 
 from __future__ import annotations
 
+import inspect
 from types import SimpleNamespace
 
+import pytest
 import torch
 import transformers
 from transformers import get_scheduler
@@ -64,3 +66,43 @@ def test_total_flos_is_the_models_floating_point_ops(tmp_path):
     assert per_batch > 0
     assert train_output.metrics["total_flos"] == STEPS * per_batch
     assert trainer.state.total_flos == train_output.metrics["total_flos"]
+
+
+def test_callback_handler_events_take_transformers_positional_arguments():
+    """CPU, no training: each handler event method accepts the positional parameters of the installed
+    transformers' CallbackHandler method (trainer_qa.py calls ``on_evaluate(args, state, control, metrics)``)."""
+    from trainkit.trainer.callbacks import EVENTS, CallbackHandler, TrainerCallback, TrainerControl, TrainerState
+
+    seen: dict[str, dict] = {}
+
+    class Recorder(TrainerCallback):
+        def __getattribute__(self, name):
+            if name in EVENTS:
+                return lambda args, state, control, **kwargs: seen.__setitem__(name, kwargs)
+            return super().__getattribute__(name)
+
+    handler = CallbackHandler([Recorder()], None, None, None, None)
+    theirs = transformers.trainer_callback.CallbackHandler
+    for event in EVENTS:
+        extra = [name for name, parameter in inspect.signature(getattr(theirs, event)).parameters.items()
+                 if parameter.kind is parameter.POSITIONAL_OR_KEYWORD][4:]
+        getattr(handler, event)(None, TrainerState(), TrainerControl(), *[f"{event}:{name}" for name in extra])
+        assert {name: seen[event][name] for name in extra} == {name: f"{event}:{name}" for name in extra}
+    with pytest.raises(TypeError, match="on_save"):
+        handler.on_save(None, TrainerState(), TrainerControl(), "unexpected")
+
+
+def test_evaluation_loop_is_a_trainer_method_as_subclasses_call_it(tmp_path):
+    """CPU, one process: the QuestionAnsweringTrainer pattern — get_eval_dataloader, then self.evaluation_loop with
+    transformers' signature — on a Trainer that has not trained, and the same figures as evaluate()."""
+    ours = inspect.signature(Trainer.evaluation_loop).parameters
+    theirs = inspect.signature(transformers.Trainer.evaluation_loop).parameters
+    assert [(p.name, p.kind, p.default) for p in ours.values()] == [(p.name, p.kind, p.default) for p in theirs.values()]
+    data = _dataset()
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", disable_tqdm=True,
+                             per_device_eval_batch_size=BATCH)
+    trainer = Trainer(model=tiny_bert(vocab_size=64), args=args, eval_dataset=data)
+    output = trainer.evaluation_loop(trainer.get_eval_dataloader(), description="Evaluation",
+                                     prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval")
+    assert output.num_samples == len(data) and output.predictions.shape == (len(data), 2)
+    assert output.metrics["eval_loss"] == pytest.approx(trainer.evaluate()["eval_loss"], rel=1e-6)

@@ -30,7 +30,7 @@ from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
 from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_unknown_columns, default_collator,
                    default_label_names, loss_from_outputs, remove_unused_columns, samples_in, split_loss, tokens_in)
-from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
+from .evaluation import EvalLoopOutput, PredictionOutput, evaluation_loop as run_evaluation_loop, speed_metrics
 from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
@@ -496,8 +496,8 @@ class Trainer:
         wiring.cast_for_full_eval(self)
         dataloader = self.get_eval_dataloader(dataset)
         start = time.perf_counter()
-        output = evaluation_loop(self, dataloader, "Evaluation", True if self.compute_metrics is None else None,
-                                 ignore_keys, metric_key_prefix)
+        output = self.evaluation_loop(dataloader, "Evaluation", True if self.compute_metrics is None else None,
+                                      ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
         metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
         self._memory_tracker.stop_and_update_metrics(metrics)
@@ -506,6 +506,15 @@ class Trainer:
         if not self.is_in_train:
             self._close_trackers()
         return metrics
+
+    def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        """Predictions, labels, loss and ``compute_metrics`` over ``dataloader`` (from ``get_eval_dataloader`` or
+        ``get_test_dataloader``), gathered exactly. ``evaluate``/``predict`` go through it; subclasses such as
+        the example scripts' ``QuestionAnsweringTrainer`` call it directly, so it prepares the model itself."""
+        self._prepare_model()
+        wiring.cast_for_full_eval(self)
+        return run_evaluation_loop(self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
 
     def _close_trackers(self) -> None:
         """After an evaluate() outside train(): its log restarted the trackers; close them (no file left open)."""
@@ -520,7 +529,7 @@ class Trainer:
         wiring.cast_for_full_eval(self)
         dataloader = self.get_test_dataloader(test_dataset)
         start = time.perf_counter()
-        output = evaluation_loop(self, dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
+        output = self.evaluation_loop(dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
         metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=metrics)
