@@ -8,6 +8,7 @@ logging, evaluation, saving or stopping through :class:`TrainerControl`. :class:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -39,6 +40,10 @@ EVENTS = (
     "on_prediction_step",
     "on_push_begin",
 )
+
+EVENT_PAYLOADS = {"on_evaluate": "metrics", "on_predict": "metrics", "on_log": "logs"}
+"""The events whose handler method takes one more positional argument after ``control``, as transformers'
+``CallbackHandler.on_evaluate(args, state, control, metrics)`` does (subclassed Trainers call it that way)."""
 
 
 DEFAULT_TRACKER_RUN = "logs"
@@ -271,8 +276,20 @@ class CallbackHandler:
     def __getattr__(self, name: str):
         # handler.on_step_end(args, state, control, ...) reads like the callbacks themselves.
         if name in EVENTS:
-            return lambda args, state, control, **kwargs: self.call_event(name, args, state, control, **kwargs)
+            return functools.partial(self._call_positional, name)
         raise AttributeError(name)
+
+    def _call_positional(self, event: str, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                         *payload: Any, **kwargs: Any) -> TrainerControl:
+        """``call_event`` for ``handler.on_evaluate(args, state, control, metrics)`` and the other event methods."""
+        if payload:
+            name = EVENT_PAYLOADS.get(event)
+            if name is None or len(payload) > 1 or name in kwargs:
+                takes = f"args, state, control, {name}" if name else "args, state, control"
+                raise TypeError(f"CallbackHandler.{event}() takes ({takes}) positionally and the rest by keyword; "
+                                f"got {3 + len(payload)} positional arguments")
+            kwargs[name] = payload[0]
+        return self.call_event(event, args, state, control, **kwargs)
 
 
 class DefaultFlowCallback(TrainerCallback):

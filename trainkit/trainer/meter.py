@@ -135,6 +135,19 @@ def training_logs(values: dict[str, float], grad_norm: Any, learning_rate: float
     return logs
 
 
+def flops_parameters(model: Any) -> int:
+    """The parameter count in the 6 x parameters x tokens estimate of ``total_flos``: without the embedding
+    tables when the model can say so (transformers' ``num_parameters(exclude_embeddings=True)``, the count its
+    ``floating_point_ops`` uses), otherwise every parameter."""
+    count = getattr(model, "num_parameters", None)
+    if callable(count):
+        try:
+            return int(count(exclude_embeddings=True))
+        except TypeError:  # a num_parameters of another signature: fall back to counting
+            pass
+    return sum(p.numel() for p in model.parameters())
+
+
 def current_learning_rate(scheduler: Any, optimizer: Any) -> float:
     """The first parameter group's learning rate, from the schedule when it has one."""
     if hasattr(scheduler, "get_last_lr"):

@@ -30,8 +30,8 @@ from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
 from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_unknown_columns, default_collator,
                    default_label_names, loss_from_outputs, remove_unused_columns, samples_in, split_loss, tokens_in)
-from .evaluation import PredictionOutput, evaluation_loop, speed_metrics
-from .meter import TrainingMeter, current_learning_rate, log_metrics_block, training_logs, write_metrics_file
+from .evaluation import EvalLoopOutput, PredictionOutput, evaluation_loop as run_evaluation_loop, speed_metrics
+from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
 from .plan import TrainingPlan, length_or_none, loader_epoch, training_plan
@@ -102,9 +102,10 @@ class Trainer:
         self.label_names = self.args.label_names or default_label_names(model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
-        self._num_parameters = sum(p.numel() for p in model.parameters())
+        self._num_parameters = flops_parameters(model)
         self._eval_dataloaders: dict[Any, DataLoader] = {}
         self._last_grad_norm: torch.Tensor | None = None
+        self._step_learning_rate: float | None = None  # the rate the last optimizer step used (logged as transformers does)
         self._preemption_watch: PreemptionWatch | None = None  # while train() runs (checkpointing/preemption.py)
         self.checkpoint_manager = CheckpointManager(self)
         """Saves, resume point, rotation and the best model: every checkpoint goes through it."""
@@ -403,6 +404,7 @@ class Trainer:
         self.control = handler.on_pre_optimizer_step(args, self.state, self.control)
         self.optimizer.step()
         self.control = handler.on_optimizer_step(args, self.state, self.control)
+        self._step_learning_rate = current_learning_rate(self.lr_scheduler, self.optimizer)  # before the schedule moves on
         if not self.accelerator.optimizer_step_was_skipped and not self._scheduler_needs_metrics():
             self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -426,7 +428,10 @@ class Trainer:
         values = self.meter.flush()
         if values:
             self._count_tokens(values["tokens"])
-            self.log(training_logs(values, self._last_grad_norm, current_learning_rate(self.lr_scheduler, self.optimizer)))
+            rate = self._step_learning_rate
+            if rate is None:
+                rate = current_learning_rate(self.lr_scheduler, self.optimizer)
+            self.log(training_logs(values, self._last_grad_norm, rate))
 
     def _count_tokens(self, tokens: float) -> None:
         self.state.total_flos += 6.0 * self._num_parameters * tokens
@@ -491,8 +496,8 @@ class Trainer:
         wiring.cast_for_full_eval(self)
         dataloader = self.get_eval_dataloader(dataset)
         start = time.perf_counter()
-        output = evaluation_loop(self, dataloader, "Evaluation", True if self.compute_metrics is None else None,
-                                 ignore_keys, metric_key_prefix)
+        output = self.evaluation_loop(dataloader, "Evaluation", True if self.compute_metrics is None else None,
+                                      ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
         metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
         self._memory_tracker.stop_and_update_metrics(metrics)
@@ -501,6 +506,15 @@ class Trainer:
         if not self.is_in_train:
             self._close_trackers()
         return metrics
+
+    def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
+                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
+        """Predictions, labels, loss and ``compute_metrics`` over ``dataloader`` (from ``get_eval_dataloader`` or
+        ``get_test_dataloader``), gathered exactly. ``evaluate``/``predict`` go through it; subclasses such as
+        the example scripts' ``QuestionAnsweringTrainer`` call it directly, so it prepares the model itself."""
+        self._prepare_model()
+        wiring.cast_for_full_eval(self)
+        return run_evaluation_loop(self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
 
     def _close_trackers(self) -> None:
         """After an evaluate() outside train(): its log restarted the trackers; close them (no file left open)."""
@@ -515,7 +529,7 @@ class Trainer:
         wiring.cast_for_full_eval(self)
         dataloader = self.get_test_dataloader(test_dataset)
         start = time.perf_counter()
-        output = evaluation_loop(self, dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
+        output = self.evaluation_loop(dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
         metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=metrics)
@@ -546,8 +560,10 @@ class Trainer:
     # ------------------------------------------------------------------ logging and saving
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Record ``logs`` (with epoch and step) in ``state.log_history`` and send them to the callbacks and trackers."""
-        logs = dict(logs)
+        """Record ``logs`` (with epoch and step) in ``state.log_history`` and send them to the callbacks and trackers.
+
+        ``epoch`` (and the token count) are added to ``logs`` itself, as transformers does: the metrics that
+        ``train()`` and ``evaluate()`` return, and scripts save with ``save_metrics``, carry the epoch."""
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
         if self.args.include_num_input_tokens_seen != "no":
