@@ -26,6 +26,7 @@ from trainkit.config.slurm_hosts import first_slurm_host
 from trainkit.engine.process.allocator import tune_allocator
 from trainkit.engine.process.state_api import AccelerateStateAPI
 from trainkit.engine.process.devices import choose_device
+from trainkit.engine.process.operation_checks import set_debug_mode
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +149,7 @@ class ProcessState(AccelerateStateAPI):
         if cls._instance is not None:
             cls._instance.shutdown()
         cls._instance = None
+        set_debug_mode(None)  # a new state reads debug mode from the environment again, as a new PartialState does
 
     def _choose_device(self, cpu: bool) -> torch.device:
         return choose_device(self.local_rank, self.local_world_size, cpu=cpu, assigned=self.launch.assigned_device)
