@@ -1,7 +1,9 @@
 """Accelerate API names fixed for issue 23, in real processes: 2 gloo ranks on CPU under torchrun.
 
 ``reduce`` with every reduction Accelerate accepts, ``synchronize_rng_states`` for the global torch generator
-and a user generator, ``gather_tensor_shape`` of a tensor one rank holds, and debug mode's ``DistributedOperationException`` from ``trainkit.utils.operations``.
+and a user generator, ``gather_tensor_shape`` of a tensor one rank holds, and debug mode's ``DistributedOperationException`` from ``trainkit.utils.operations``;
+from Accelerate's test_distributed_data_loop.py: a ``BatchSampler`` given as ``sampler=`` (``batch_size=None``),
+and ``save_state`` into a different folder on each rank (refused with a clear error).
 Each rank writes ``report_rank<i>.json`` for tests/engine/test_accelerate_api_fixes.py to assert on.
 """
 
@@ -10,11 +12,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
 from trainkit import Accelerator, synchronize_rng_states
+from trainkit.engine.checkpoint.errors import CheckpointError
 from trainkit.utils import reduce
 from trainkit.utils.operations import DistributedOperationException, gather, gather_tensor_shape
 
@@ -48,4 +53,27 @@ try:
 except DistributedOperationException as error:
     report["mismatch"] = str(error)
 del os.environ["ACCELERATE_DEBUG_MODE"]
+
+class Batched(torch.utils.data.Dataset):
+    """Indexed with a whole list of indices at once (as ``datasets.Dataset`` is): returns the list's tensor."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, indices: list[int]) -> torch.Tensor:
+        return torch.tensor(indices)
+
+
+sampler = BatchSampler(RandomSampler(range(10)), batch_size=3, drop_last=False)
+loader = accelerator.prepare(DataLoader(Batched(), sampler=sampler, batch_size=None, collate_fn=lambda batch: batch))
+report["batched_sampler_batches"] = [batch.tolist() for batch in loader]
+report["batched_sampler_all"] = sorted(accelerator.gather(torch.cat(
+    [torch.tensor(b) for b in report["batched_sampler_batches"]])).tolist())
+
+with tempfile.TemporaryDirectory() as own_folder:  # a different path on each rank
+    try:
+        accelerator.save_state(own_folder)
+        report["per_rank_folders"] = "no error"
+    except CheckpointError as error:
+        report["per_rank_folders"] = str(error)
 (OUT / f"report_rank{rank}.json").write_text(json.dumps(report))

@@ -143,6 +143,11 @@ class ProcessState(AccelerateStateAPI):
             )
         return cls._instance
 
+    def __reduce__(self) -> tuple[Callable[[], ProcessState], tuple[()]]:
+        # One state per process: a pickled (or deep-copied) Accelerator gets the state of the process that
+        # loads it, as Accelerate's shared-state objects do, instead of copying a process group handle.
+        return (_process_state, ())
+
     @classmethod
     def reset(cls) -> None:
         """Tear down the process group (if trainkit created it) and forget the state (for tests)."""
@@ -260,3 +265,8 @@ def require_accelerator_state(attribute: str) -> None:
             # The two phrases Accelerate's own `accelerate test` check looks for, in trainkit's words around them.
             f"`AcceleratorState` object has no attribute `{attribute}`. This happens if `AcceleratorState._reset_state()` "
             "was called and no `Accelerator` was created since; create one before using this Accelerator.")
+
+
+def _process_state() -> ProcessState:
+    """The state of the process unpickling an object that held one (created on first use, as ``get`` does)."""
+    return ProcessState.get()
