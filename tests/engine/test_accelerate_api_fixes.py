@@ -160,6 +160,7 @@ def test_collectives_and_rng_sync_on_two_gloo_ranks(tmp_path):
         # cover 10 indices, the last one filled up from the start); together they hold every index.
         assert [len(batch) for batch in report["batched_sampler_batches"]] == [3, 3]
         assert len(report["batched_sampler_all"]) == 12 and set(report["batched_sampler_all"]) == set(range(10))
+        assert report["full_last_batch_kept"] == [0, [0.0] * 4 + [1.0] * 4]
         assert "different checkpoint folders" in report["per_rank_folders"] and "rank 1: /" in report["per_rank_folders"]
     assert not set(sum(r0["batched_sampler_batches"], [])) & set(r1["batched_sampler_batches"][0])
     assert r0["accelerator_none"] == [1.0, 5.0] and r1["accelerator_none"] == [2.0, 2.0]

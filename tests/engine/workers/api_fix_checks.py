@@ -3,7 +3,8 @@
 ``reduce`` with every reduction Accelerate accepts, ``synchronize_rng_states`` for the global torch generator
 and a user generator, ``gather_tensor_shape`` of a tensor one rank holds, and debug mode's ``DistributedOperationException`` from ``trainkit.utils.operations``;
 from Accelerate's test_distributed_data_loop.py: a ``BatchSampler`` given as ``sampler=`` (``batch_size=None``),
-and ``save_state`` into a different folder on each rank (refused with a clear error).
+``save_state`` into a different folder on each rank (refused with a clear error), and ``gather_for_metrics`` on a
+full last batch (nothing dropped, as Accelerate's remainder is 0).
 Each rank writes ``report_rank<i>.json`` for tests/engine/test_accelerate_api_fixes.py to assert on.
 """
 
@@ -69,6 +70,14 @@ loader = accelerator.prepare(DataLoader(Batched(), sampler=sampler, batch_size=N
 report["batched_sampler_batches"] = [batch.tolist() for batch in loader]
 report["batched_sampler_all"] = sorted(accelerator.gather(torch.cat(
     [torch.tensor(b) for b in report["batched_sampler_batches"]])).tolist())
+
+# gather_for_metrics at the last batch of a loader whose last global batch is full (6 samples, 1 per rank and
+# batch) keeps every gathered row, also of a tensor that is not one row per sample (a loss repeated 4 times).
+eval_loader = accelerator.prepare(DataLoader(torch.arange(6.0), batch_size=1))
+for sample in eval_loader:
+    kept = accelerator.gather_for_metrics(torch.full((4,), float(rank)))
+    remainder_at_end = accelerator.gradient_state.remainder  # the last batch's value is what counts
+report["full_last_batch_kept"] = [remainder_at_end, kept.tolist()]
 
 with tempfile.TemporaryDirectory() as own_folder:  # a different path on each rank
     try:

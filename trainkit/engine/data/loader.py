@@ -350,7 +350,10 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
                     self.end_of_dataloader = True
                     self.progress.last_batch_yielded = True
                     if not (self.is_stream or self.dispatch_to):
-                        self.remainder = self._shard.final_real_samples if self._shard is not None else -1
+                        real = self._shard.final_real_samples if self._shard is not None else -1
+                        # Accelerate's remainder: the dataset's size modulo the global batch, so 0 when the last
+                        # global batch is full (gather_for_metrics then keeps every gathered row).
+                        self.remainder = real % self.global_batch_size if real > 0 and self.global_batch_size else real
                 if self.global_batch_size:
                     self.progress.samples_seen += self.global_batch_size
                 batch, self.real_counts, cursor = current  # type: ignore[misc]  # not _END here
