@@ -128,6 +128,24 @@ def test_synchronize_rng_states_on_one_process_keeps_the_state():
         synchronize_rng_states(["npu"])
 
 
+def test_an_accelerator_pickles_and_deep_copies_with_the_process_state():
+    """Accelerate's test_distributed_data_loop pickles a prepared Accelerator (CPU, one process): the copy shares
+    this process's state (one per process) and carries the resolved configuration and prepared loaders."""
+    import copy
+    import pickle
+
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.utils.data.DataLoader(list(range(6)), batch_size=2))
+    restored = pickle.loads(pickle.dumps(accelerator))
+    assert restored.state is accelerator.state and restored.state.__dict__ == accelerator.state.__dict__
+    assert restored.config == accelerator.config
+    assert dict(restored.config.provenance) == dict(accelerator.config.provenance)
+    with pytest.raises(TypeError):  # still read-only after the round trip
+        restored.config.provenance["mixed_precision"] = "x"  # type: ignore[index]
+    assert [batch.tolist() for batch in restored._dataloaders[0]] == [[0, 1], [2, 3], [4, 5]]
+    assert copy.deepcopy(accelerator.config) == accelerator.config
+
+
 @pytest.mark.multiprocess
 def test_collectives_and_rng_sync_on_two_gloo_ranks(tmp_path):
     run_torchrun(WORKER, tmp_path, nproc=2, timeout=300)
@@ -138,6 +156,13 @@ def test_collectives_and_rng_sync_on_two_gloo_ranks(tmp_path):
         assert report["accelerator_max"] == [2.0, 5.0] and report["utils_default"] == [1.5, 3.5]
         assert "'max'" in report["bad_reduction"] and report["debug"] is True
         assert "shapes differ" in report["mismatch"] and report["held_shape"] == [3, 2]
+        # sampler=BatchSampler(...), batch_size=None: each rank gets whole index lists (2 of the 4 lists of 3 that
+        # cover 10 indices, the last one filled up from the start); together they hold every index.
+        assert [len(batch) for batch in report["batched_sampler_batches"]] == [3, 3]
+        assert len(report["batched_sampler_all"]) == 12 and set(report["batched_sampler_all"]) == set(range(10))
+        assert report["full_last_batch_kept"] == [0, [0.0] * 4 + [1.0] * 4]
+        assert "different checkpoint folders" in report["per_rank_folders"] and "rank 1: /" in report["per_rank_folders"]
+    assert not set(sum(r0["batched_sampler_batches"], [])) & set(r1["batched_sampler_batches"][0])
     assert r0["accelerator_none"] == [1.0, 5.0] and r1["accelerator_none"] == [2.0, 2.0]
     assert r0["before"][0] != r1["before"][0] and r0["before"][1] != r1["before"][1]
     assert r0["after"] == r1["after"]  # both generators now follow rank 0's state

@@ -49,6 +49,9 @@ PUBLIC_NAMES = {
         "wait_for_everyone", "save", "concatenate", "convert_to_fp32", "find_batch_size", "find_device",
         "honor_type", "is_torch_tensor", "listify", "recursively_apply", "slice_tensors", *AVAILABILITY,
     ],
+    # Accelerate's test_sync.py and by_feature examples import these three from accelerate.accelerator.
+    "trainkit.accelerator": ["Accelerator", "DataLoaderConfiguration", "GradientAccumulationPlugin",
+                             "ProjectConfiguration", "DistributedDataParallelKwargs", "GradientState"],
     "trainkit.state": ["PartialState", "AcceleratorState", "GradientState", "DistributedType"],
     "trainkit.logging": ["get_logger", "MultiProcessAdapter"],
     "trainkit.tracking": ["GeneralTracker", "TensorBoardTracker", "WandBTracker", "MLflowTracker"],
@@ -69,6 +72,17 @@ TABLE += [("trainkit.utils", name) for name in ALSO_IN_TRAINKIT_UTILS]
 @pytest.mark.parametrize("module, name", TABLE, ids=[f"{m}.{n}" for m, n in TABLE])
 def test_name_imports_from_the_trainkit_path(module, name):
     assert getattr(importlib.import_module(module), name) is not None
+
+
+def test_trainkit_accelerator_names_are_the_same_objects():
+    """``trainkit.accelerator`` (``accelerate.accelerator``'s path) re-exports; it defines no second class."""
+    import trainkit.accelerator
+
+    homes = [importlib.import_module(m) for m in ("trainkit.utils", "trainkit.state", "trainkit.optimizer",
+                                                  "trainkit.scheduler", "trainkit.tracking", "trainkit")]
+    for name in trainkit.accelerator.__all__:
+        shared = next(getattr(home, name) for home in homes if hasattr(home, name))
+        assert getattr(trainkit.accelerator, name) is shared, name
 
 
 def test_distributed_type_has_all_fourteen_members():

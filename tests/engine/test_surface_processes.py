@@ -42,6 +42,10 @@ def test_utils_collectives_on_two_ranks(two_ranks):
         assert report["copied"] == [0.0, 1.0, 2.0]  # copy_tensor_to_devices: only rank 1 held it
         assert "shapes differ across processes" in report["debug_mismatch"]
         assert "process 0: [1]" in report["debug_mismatch"] and "process 1: [2]" in report["debug_mismatch"]
+        assert "shapes differ across processes" in report["debug_attribute_mismatch"]  # PartialState().debug = True
+        assert report["debug_attribute_off"] == [False, [0.0]]
+        assert "numbers of dimensions differ" in report["debug_pad_mismatch"]
+        assert "process 0: {'t': 2}" in report["debug_pad_mismatch"] and report["debug_pad_sizes"] == 2
     r0, r1 = two_ranks[0]
     assert r0["pad"] == [1.0, 1.0, -1.0] and r1["pad"] == [1.0, 1.0, 1.0]
     assert (two_ranks[1] / "saved.pt").exists()
@@ -58,6 +62,11 @@ def test_accelerator_contexts_on_two_ranks(two_ranks):
     assert (r0["uneven_batches"], r1["uneven_batches"]) == (3, 2)
     assert r0["weights_after_join"] == r1["weights_after_join"]
     assert r0["even_batches_restored"] is True and r0["gradient_state_shared"]
+    # even_batches=False reaches the map-style loader only; the iterable one keeps padding and a UserWarning says so.
+    assert r0["map_even_batches_inside"] is False and r0["iterable_switches_inside"] == r0["iterable_switches_before"]
+    assert True in r0["iterable_switches_before"].values()  # the stream pads (even_batches' default), still inside
+    assert len(r0["join_warnings"]) == 1 and r0["join_warnings"][0].startswith("UserWarning: ")
+    assert "only supported for map-style datasets" in r0["join_warnings"][0]
     # LocalSGD: different after step 0 (local), equal after step 1 (averaged every 2), equal again at exit.
     assert r0["local_sgd_step0"] != r1["local_sgd_step0"] and r0["local_sgd_step1"] == r1["local_sgd_step1"]
     assert r0["local_sgd_step2"] != r1["local_sgd_step2"] and r0["local_sgd_exit"] == r1["local_sgd_exit"]
@@ -70,5 +79,6 @@ def test_same_names_on_one_process(tmp_path):
     report = json.loads((tmp_path / "report_rank0.json").read_text())
     assert report["distributed_type"] == "NO" and report["ran"] == ["main", "last"]
     assert report["gather"] == [0, 10] and report["copied"] == [0.0, 1.0, 2.0]
-    assert report["debug_mismatch"] == "no error"  # one process: nothing to compare
+    assert report["debug_mismatch"] == report["debug_attribute_mismatch"] == "no error"  # one process: nothing to compare
+    assert report["debug_pad_mismatch"] == "no error"
     assert report["uneven_batches"] == 5 and report["grad_triggered"] == [[2.0] * 3]

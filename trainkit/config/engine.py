@@ -86,6 +86,14 @@ class EngineConfig:
     notices: tuple[str, ...] = dataclasses.field(default=(), compare=False)
     """At most one line: the explicit values that overrode different launcher values."""
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The read-only provenance view cannot be pickled or deep-copied; its dict can (Accelerator pickling).
+        return {**self.__dict__, "provenance": dict(self.provenance)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            object.__setattr__(self, key, types.MappingProxyType(value) if key == "provenance" else value)
+
     def source_of(self, key: str) -> str:
         """Where ``key`` (a field name or ``fsdp.<option>``) came from."""
         return self.provenance.get(key, DEFAULT_SOURCE)

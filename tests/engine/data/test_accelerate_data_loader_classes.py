@@ -98,6 +98,11 @@ def test_data_loader_shard_constructor_gives_a_working_loader_with_end_of_pass_f
     assert shard.remainder == 10 % 6  # real samples in the last global batch, as Accelerate's remainder
     shard.reset()
     assert (shard.end_of_dataloader, shard.remainder) == (False, -1)
+
+    # A dataset that fills its last global batch: Accelerate's remainder is 10 % 5 == 0 (nothing to drop), not 5.
+    full = DataLoaderShard(dataset, device=torch.device("cpu"), batch_sampler=BatchSamplerShard(
+        BatchSampler(SequentialSampler(range(10)), 5, False), 1, 0))
+    assert [len(batch[0]) for batch in full] == [5, 5] and full.remainder == 0
     skipping = DataLoaderShard(dataset, batch_size=4, skip_batches=1)
     assert [b[0].tolist() for b in skipping] == [[4.0, 5.0, 6.0, 7.0], [8.0, 9.0]]
     with pytest.raises(ValueError, match="rng_types"):

@@ -10,11 +10,12 @@ import io
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from trainkit import Accelerator
 from trainkit.state import AcceleratorState, GradientState, PartialState
@@ -37,6 +38,12 @@ from trainkit.utils import (
 OUT = Path(sys.argv[1])
 report: dict = {}
 
+
+class Numbers(IterableDataset):
+    """A stream of six scalars (an iterable dataset for join_uneven_inputs)."""
+
+    def __iter__(self):
+        return iter(torch.arange(6.0))
 
 def state_checks() -> None:
     state = PartialState(cpu=True)
@@ -76,6 +83,22 @@ def operation_checks() -> None:
         report["debug_mismatch"] = str(error)
     finally:
         del os.environ["ACCELERATE_DEBUG_MODE"]
+    # Accelerate's test_ops switches the checks with the state's attribute instead of the environment.
+    state = PartialState()
+    state.debug = True
+    try:
+        reduce(torch.zeros(rank + 1))
+        report["debug_attribute_mismatch"] = "no error"
+    except DistributedOperationException as error:
+        report["debug_attribute_mismatch"] = str(error)
+    try:  # padding evens out sizes, not numbers of dimensions: [1, 5] against [1, 1, 6] cannot be padded
+        pad_across_processes({"t": torch.zeros([1, 5] if rank == 0 else [1, 1, 6])})
+        report["debug_pad_mismatch"] = "no error"
+    except DistributedOperationException as error:
+        report["debug_pad_mismatch"] = str(error)
+    report["debug_pad_sizes"] = pad_across_processes(torch.zeros(rank + 1, 2)).shape[0]  # sizes may differ
+    state.debug = False
+    report["debug_attribute_off"] = [state.debug, reduce(torch.zeros(1)).tolist()]
     save({"w": torch.ones(1)}, OUT / "saved.pt")
     wait_for_everyone()
 
@@ -111,6 +134,16 @@ def accelerator_checks() -> None:
             optimizer.step()
             batches += 1
     report["uneven_batches"] = batches
+    # An iterable loader cannot take the override: as Accelerate's, a UserWarning says so and the loader keeps it.
+    streamed = accelerator.prepare(DataLoader(Numbers(), batch_size=1))
+    switches = lambda: {k: v for k, v in vars(streamed.dataset).items() if isinstance(v, bool)}  # noqa: E731
+    report["iterable_switches_before"] = switches()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with accelerator.join_uneven_inputs([model], even_batches=False):
+            report["iterable_switches_inside"] = switches()
+            report["map_even_batches_inside"] = loader.batch_sampler.even_batches
+    report["join_warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
     report["even_batches_restored"] = getattr(loader.batch_sampler, "even_batches", None)
     report["weights_after_join"] = inner.weight.detach().flatten().tolist()
     # LocalSGD: replicas drift inside the block (no gradient all-reduce) and are averaged every 2 steps and at exit.

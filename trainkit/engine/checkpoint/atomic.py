@@ -110,6 +110,12 @@ def begin_checkpoint(final_dir: str, replace: bool = False, set_aside_damaged: b
     an earlier interrupted write of the same checkpoint is removed.
     """
     final_dir = os.path.normpath(os.fspath(final_dir))
+    folders = _all_gather(os.path.abspath(final_dir))
+    if len(set(folders)) > 1:  # e.g. a tempfile.mkdtemp() made on each rank: rank 0 would write them all
+        listing = ", ".join(f"rank {rank}: {folder}" for rank, folder in enumerate(folders))
+        raise CheckpointError(f"The processes were given different checkpoint folders ({listing}); a checkpoint is "
+                              "one folder that every process writes into. Pass the same path on every process "
+                              "(for example make it on the main process and broadcast_object_list it).")
     staging = staging_path(final_dir)
     existing = decide_on_rank0(f"inspect {final_dir}", lambda: _inspect_existing(final_dir))
     damaged = existing in ("incomplete", "damaged")

@@ -195,7 +195,11 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     # -- position ---------------------------------------------------------------------------------
     @property
     def _shard(self) -> ShardedBatchSampler | IterableDatasetShard | None:
-        return self.dataset if isinstance(self.dataset, IterableDatasetShard) else self.batch_sampler
+        if isinstance(self.dataset, IterableDatasetShard):
+            return self.dataset
+        if self.batch_sampler is None and isinstance(self.sampler, ShardedBatchSampler):
+            return self.sampler  # a batch sampler given as sampler= (batch_size=None): the dataset takes index lists
+        return self.batch_sampler
 
     @property
     def is_stream(self) -> bool:
@@ -346,7 +350,10 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
                     self.end_of_dataloader = True
                     self.progress.last_batch_yielded = True
                     if not (self.is_stream or self.dispatch_to):
-                        self.remainder = self._shard.final_real_samples if self._shard is not None else -1
+                        real = self._shard.final_real_samples if self._shard is not None else -1
+                        # Accelerate's remainder: the dataset's size modulo the global batch, so 0 when the last
+                        # global batch is full (gather_for_metrics then keeps every gathered row).
+                        self.remainder = real % self.global_batch_size if real > 0 and self.global_batch_size else real
                 if self.global_batch_size:
                     self.progress.samples_seen += self.global_batch_size
                 batch, self.real_counts, cursor = current  # type: ignore[misc]  # not _END here
@@ -512,20 +519,35 @@ def prepare_data_loader(
     if config.dispatch_batches and process_index == 0:
         logger.info("dispatch_batches=True applies to iterable datasets; this map-style dataset is split by indices, "
                     "so each process loads only its own samples anyway.")
+    if dataloader.batch_sampler is None and isinstance(dataloader.sampler, BatchSampler):
+        # sampler=BatchSampler(...), batch_size=None: the dataset is indexed with whole lists of indices (a batched
+        # __getitem__). Shard the lists as any batch sampler's, and keep them in sampler= so that stays so.
+        return _prepare_batch_sampler(dataloader, dataloader.sampler, num_processes, process_index, config, seed,
+                                      common, kwargs, as_sampler=True)
     if dataloader.batch_sampler is None:
         if num_processes > 1:
             raise ConfigError("A DataLoader with batch_size=None cannot be sharded across processes; "
                               "give it a batch_size or a batch_sampler.")
         return PreparedDataLoader._build(dataset, batch_size=None, sampler=dataloader.sampler, global_batch_size=None,
                                   **common, **kwargs)
-    batch_sampler, synced = _shuffling(dataloader.batch_sampler, config.use_seedable_sampler, seed, num_processes)
+    return _prepare_batch_sampler(dataloader, dataloader.batch_sampler, num_processes, process_index, config, seed,
+                                  common, kwargs, as_sampler=False)
+
+
+def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_processes: int, process_index: int,
+                           config: DataLoaderConfiguration, seed: int, common: dict[str, Any], kwargs: dict[str, Any],
+                           *, as_sampler: bool) -> PreparedDataLoader:
+    """A map-style loader whose ``batch_sampler`` (or, ``as_sampler``, whose batch-yielding ``sampler``) is sharded."""
+    batch_sampler, synced = _shuffling(batch_sampler, config.use_seedable_sampler, seed, num_processes)
     batch_size = getattr(batch_sampler, "batch_size", None)
     if config.split_batches and batch_size is not None:
         _split_size(batch_size, num_processes)
     sharded = ShardedBatchSampler(batch_sampler, num_processes, process_index,
                                   split_batches=config.split_batches, even_batches=config.even_batches)
     global_size = None if batch_size is None else (batch_size if config.split_batches else batch_size * num_processes)
-    prepared = PreparedDataLoader._build(dataset, batch_sampler=sharded, global_batch_size=global_size, **common, **kwargs)
+    batching = dict(batch_size=None, sampler=sharded) if as_sampler else dict(batch_sampler=sharded)
+    prepared = PreparedDataLoader._build(dataloader.dataset, global_batch_size=global_size, **batching, **common,
+                                         **kwargs)
     prepared.synced_generator = synced
     if synced is not None and dataloader.generator is synced.generator:
         # A plain DataLoader draws each pass's worker base seed from its generator before the sampler draws
@@ -591,6 +613,8 @@ def get_sampler(dataloader: DataLoader) -> Any:
     if isinstance(dataloader.sampler, BatchSampler):  # a batch sampler passed as sampler= (batch_size=None)
         return getattr(dataloader.sampler, "sampler", None)
     wrapper: Any = dataloader.batch_sampler
+    if wrapper is None and isinstance(dataloader.sampler, ShardedBatchSampler):
+        wrapper = dataloader.sampler  # a prepared loader over a batch sampler given as sampler=
     while wrapper is not None and not hasattr(wrapper, "sampler") and hasattr(wrapper, "batch_sampler"):
         wrapper = wrapper.batch_sampler  # ShardedBatchSampler, _SkipBatchSampler: look underneath
     return getattr(wrapper, "sampler", None)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from trainkit.engine.process.nested import iter_leaves, map_tensors
-from trainkit.engine.process.operation_checks import verify_operation
+from trainkit.engine.process.operation_checks import verify_operation, verify_padding
 
 
 def _world(group: dist.ProcessGroup | None = None) -> int:
@@ -77,6 +77,7 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     return recursively_apply(_reduce, data)
 
 
+@verify_padding
 def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
     """Pad every tensor along ``dim`` to the largest size any process has, so they can be gathered."""
     if _world() == 1:

@@ -26,6 +26,7 @@ from trainkit.config.slurm_hosts import first_slurm_host
 from trainkit.engine.process.allocator import tune_allocator
 from trainkit.engine.process.state_api import AccelerateStateAPI
 from trainkit.engine.process.devices import choose_device
+from trainkit.engine.process.operation_checks import set_debug_mode
 
 logger = logging.getLogger(__name__)
 
@@ -142,12 +143,18 @@ class ProcessState(AccelerateStateAPI):
             )
         return cls._instance
 
+    def __reduce__(self) -> tuple[Callable[[], ProcessState], tuple[()]]:
+        # One state per process: a pickled (or deep-copied) Accelerator gets the state of the process that
+        # loads it, as Accelerate's shared-state objects do, instead of copying a process group handle.
+        return (_process_state, ())
+
     @classmethod
     def reset(cls) -> None:
         """Tear down the process group (if trainkit created it) and forget the state (for tests)."""
         if cls._instance is not None:
             cls._instance.shutdown()
         cls._instance = None
+        set_debug_mode(None)  # a new state reads debug mode from the environment again, as a new PartialState does
 
     def _choose_device(self, cpu: bool) -> torch.device:
         return choose_device(self.local_rank, self.local_world_size, cpu=cpu, assigned=self.launch.assigned_device)
@@ -258,3 +265,8 @@ def require_accelerator_state(attribute: str) -> None:
             # The two phrases Accelerate's own `accelerate test` check looks for, in trainkit's words around them.
             f"`AcceleratorState` object has no attribute `{attribute}`. This happens if `AcceleratorState._reset_state()` "
             "was called and no `Accelerator` was created since; create one before using this Accelerator.")
+
+
+def _process_state() -> ProcessState:
+    """The state of the process unpickling an object that held one (created on first use, as ``get`` does)."""
+    return ProcessState.get()

@@ -59,10 +59,16 @@ class AccelerateStateAPI:
 
     @property
     def debug(self) -> bool:
-        """True in debug mode (``ACCELERATE_DEBUG_MODE``/``TRAINKIT_DEBUG_MODE``): collectives check shapes first."""
+        """True in debug mode (``ACCELERATE_DEBUG_MODE``/``TRAINKIT_DEBUG_MODE``, or set here): collectives check shapes first."""
         from trainkit.engine.process.operation_checks import debug_mode
 
         return debug_mode()
+
+    @debug.setter
+    def debug(self, enabled: bool) -> None:
+        from trainkit.engine.process.operation_checks import set_debug_mode
+
+        set_debug_mode(enabled)
 
     @property
     def initialized(self) -> bool:

@@ -70,7 +70,8 @@ class GradientState(GradientStateAPI):
 
     @property
     def remainder(self) -> int:
-        """Real samples in the active dataloader's last global batch (-1 when unknown or not needed)."""
+        """Real samples in the active dataloader's last global batch when it is not full, 0 when it is (the dataset's
+        size modulo the global batch, as Accelerate's), -1 when unknown or not needed."""
         loader = self.active_dataloader
         return loader.remainder if loader is not None else -1
 
