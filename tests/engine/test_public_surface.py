@@ -261,6 +261,17 @@ def test_profile_runs_torch_profiler(tmp_path):
     assert (tmp_path / "trace_rank_0.json").exists()
 
 
+def test_join_uneven_inputs_warns_on_several_processes_that_are_not_ddp():
+    """CPU, no process group: with several FSDP processes join has no effect, said with a UserWarning carrying the
+    phrase Accelerate's own scripts look for ("only supported for multi-GPU")."""
+    from trainkit.engine.process.uneven import join_uneven_inputs
+    from trainkit.utils import DistributedType
+
+    with pytest.warns(UserWarning, match="join_uneven_inputs has no effect with FSDP.*only supported for multi-GPU"):
+        with join_uneven_inputs(DistributedType.FSDP, [], []) as joined:
+            assert joined is None
+
+
 def test_join_uneven_inputs_says_it_changes_nothing_on_one_process(caplog):
     from trainkit import Accelerator
 

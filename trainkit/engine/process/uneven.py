@@ -46,9 +46,9 @@ def join_uneven_inputs(distributed_type: DistributedType, joinables: Sequence[An
         if distributed_type == DistributedType.NO:
             logger.warning("join_uneven_inputs has effect only with several DDP processes (here: %s); running "
                            "the block unchanged.", distributed_type.value)
-        else:  # several processes that are not DDP: a UserWarning, which Accelerate scripts catch and check
-            warnings.warn(f"Joining uneven inputs is only supported for multi-GPU or multi-CPU DDP training (here: "
-                          f"{distributed_type.value}); join_uneven_inputs has no effect.", UserWarning, stacklevel=3)
+        else:  # several processes that are not DDP: a UserWarning, whose phrase Accelerate scripts look for
+            warnings.warn(f"join_uneven_inputs has no effect with {distributed_type.value}: torch's Join is only "
+                          "supported for multi-GPU (or multi-CPU) DDP runs.", UserWarning, stacklevel=3)
         yield None
         return
     from torch.distributed.algorithms import Join
