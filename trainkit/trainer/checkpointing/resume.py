@@ -13,12 +13,11 @@ batches itself.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
-import os
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from trainkit.engine.checkpoint.global_batch import BatchShape, keep_global_batch, saved_batch_shape
+from trainkit.engine.checkpoint import BatchShape, keep_global_batch
 from trainkit.engine.data import PreparedDataLoader
 
 from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, has_engine_state, load_model_weights, training_loaders
@@ -50,7 +49,8 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     if trainer.accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
     position_restored = False
-    if has_engine_state(folder):
+    checkpointer = trainer.accelerator.checkpointer
+    if has_engine_state(trainer, folder):
         # Verifies the manifest first; nothing is half-loaded.
         trainer.accelerator.load_state(folder, dataloaders=training_loaders(train_dataloader),
                                        verify_checksums=verify_checksums, keep_global_batch=False)
@@ -60,7 +60,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
             logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
                            "states start afresh, so the run will not continue exactly.", folder)
         load_model_weights(trainer, folder, checksums=verify_checksums)
-    loaded = TrainerState.load_from_json(os.path.join(folder, TRAINER_STATE_NAME))
+    loaded = _trainer_state(TrainerState, checkpointer.read_json(folder, TRAINER_STATE_NAME) or {})
     _adopt_state(trainer, loaded)
 
     if trainer.args.ignore_data_skip:  # transformers' meaning: the current epoch starts again from its first batch
@@ -77,12 +77,12 @@ def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader:
     """Before the run is planned: on another world size than ``folder`` was saved on, rescale the run's
     accumulation (``accelerator.config``; the arguments stay as written) so the global batch stays
     (engine/checkpoint/global_batch.py decides, and refuses where it does not divide); says what changed."""
-    args_path = os.path.join(folder, TRAINING_ARGS_NAME)
-    if not os.path.isfile(args_path):
+    checkpointer = trainer.accelerator.checkpointer
+    saved_args = checkpointer.read_json(folder, TRAINING_ARGS_NAME)
+    if saved_args is None:
         return
-    with open(args_path, encoding="utf-8") as handle:
-        saved_accumulation = json.load(handle).get("gradient_accumulation_steps")
-    saved = saved_batch_shape(folder, accumulation=saved_accumulation)
+    saved_accumulation = saved_args.get("gradient_accumulation_steps")
+    saved = checkpointer.saved_batch_shape(folder, accumulation=saved_accumulation)
     if saved is None or saved_accumulation is None:
         return
     args, accelerator = trainer.args, trainer.accelerator
@@ -95,6 +95,16 @@ def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader:
     accelerator.config = accelerator.config.replace(rescale.source, gradient_accumulation_steps=rescale.accumulation)
     if accelerator.is_main_process:
         logger.warning("trainkit: %s", rescale.describe(previous, accelerator.num_processes))
+
+
+def _trainer_state(state_class: Any, data: dict[str, Any]) -> Any:
+    """The TrainerState of a checkpoint's ``trainer_state.json`` (read through the checkpoint's storage; as
+    ``TrainerState.load_from_json`` reads a local file, unknown keys left out)."""
+    known = {field.name for field in dataclasses.fields(state_class)}
+    ignored = sorted(set(data) - known)
+    if ignored:
+        logger.info("trainer_state.json: ignoring keys %s", ignored)
+    return state_class(**{key: value for key, value in data.items() if key in known})
 
 
 def _adopt_state(trainer: Trainer, loaded: Any) -> None:
