@@ -168,7 +168,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
-        announce_dataloader_options(self.dataloader_config, self.project_configuration)
+        announce_dataloader_options(self.dataloader_config)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.log_with = resolve_log_with(log_with)
         self.trackers: list[GeneralTracker] = []
