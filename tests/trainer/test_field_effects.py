@@ -465,6 +465,7 @@ PROOFS: dict[str, Any] = {
     "save_only_model": Elsewhere("trainer/checkpointing/test_checkpoints.py::test_save_only_model_writes_weights_and_state_only_and_still_resumes"),
     "save_on_each_node": p_on_each_node,
     "async_save": Elsewhere("trainer/test_async_checkpoints.py::test_async_checkpoints_are_the_synchronous_ones_and_resume_exactly"),
+    "checkpoint_dir": Elsewhere("trainer/checkpointing/test_object_store.py::test_trainer_checkpoints_in_an_s3_bucket_rotate_and_resume"),
     "async_save_when_busy": Elsewhere("trainer/test_async_checkpoints.py::test_async_save_when_busy_skip_skips_the_saves_that_find_a_write_in_flight"),
     "load_best_model_at_end": p_best, "metric_for_best_model": p_best, "greater_is_better": p_best,
     "resume_from_checkpoint": FOR_SCRIPTS,

@@ -44,6 +44,7 @@ from .resume_folder import (
 )
 from .staged import StagedCheckpoint
 from .storage import AtomicPosixIO, CheckpointIO, CheckpointStorage
+from .storage.registry import check_location
 
 
 def save_accelerator_state(accelerator: Any, output_dir: str | os.PathLike | None = None, **kwargs: Any) -> str | None:
@@ -74,6 +75,7 @@ __all__ = [
     "IncompleteCheckpointError",
     "StagedCheckpoint",
     "atomic_checkpoint",
+    "check_location",
     "begin_checkpoint",
     "commit_checkpoint",
     "elastic_reason",

@@ -156,9 +156,11 @@ class ObjectStoreStorage(CheckpointStorage):
         self.delete(staging)
 
     def _set_aside(self, final_dir: str) -> str:
-        fs, key = self._fs(final_dir)
         aside = f"{final_dir}{DAMAGED_MARK}{damaged_stamp()}"
-        fs.mv(key, fs._strip_protocol(aside), recursive=True)  # a copy, then a delete: there is no rename
+        fs, _ = self._fs(final_dir)
+        for name in self.file_sizes(final_dir):  # copied object by object, then deleted: there is no rename
+            fs.copy(fs._strip_protocol(self.join(final_dir, name)), fs._strip_protocol(self.join(aside, name)))
+        self.delete(final_dir)
         logger.warning("%s does not verify (incomplete or corrupted); kept as %s, and a new checkpoint is written "
                        "under its name.", final_dir, aside)
         return aside

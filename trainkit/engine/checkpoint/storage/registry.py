@@ -66,3 +66,13 @@ def storage_for(location: str, *, per_node: bool = False, options: dict[str, Any
     from .object_store import ObjectStoreStorage
 
     return ObjectStoreStorage(**(options or {}))
+
+
+def check_location(location: str, where: str = "the checkpoint location") -> None:
+    """Refuse, now and by name, a location no backend handles (``where`` says whose value it is)."""
+    scheme = url_scheme(location)
+    if scheme is not None and scheme not in LOCAL_SCHEMES:
+        try:
+            check_object_store(scheme, location)
+        except CheckpointError as error:
+            raise CheckpointError(f"{where}: {error}") from None
