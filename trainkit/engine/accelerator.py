@@ -445,8 +445,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
 
     def wait_for_everyone(self) -> None:
         """Barrier across all processes."""
-        self._checkpoints_not_saving()
-        self.state.wait_for_everyone()
+        if not self._barrier_declining_saves():  # a main-process-only save_state goes on without this process
+            self.state.wait_for_everyone()
 
     def set_trigger(self) -> None:
         """Raise a flag on this process that ``check_trigger`` sees on every process."""

@@ -11,6 +11,8 @@ after optimizer step STEP, rank RANK meets POINT: ``files`` (SIGKILL after writi
 (SIGKILL while the writers gather a FULL_STATE_DICT checkpoint's shards onto rank 0), ``sigterm``
 (SIGTERM to itself while writing: a preemption), ``disk-full`` (the write fails with ENOSPC).
 ``--check-preemption``: call ``accelerator.check_preemption()`` after every optimizer step.
+``--project`` may be an object-store URL (``s3://bucket/run``); ``--per-rank-project``: each rank keeps its checkpoints
+in its own folder ``PROJECT/rank{r}`` (each node's own disk).
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def build_model() -> nn.Module:
 
 
 def make_accelerator(args: argparse.Namespace) -> Accelerator:
-    project = ProjectConfiguration(project_dir=args.project, automatic_checkpoint_naming=True, total_limit=args.total_limit,
+    project_dir = f"{args.project}/rank{os.environ.get('RANK', '0')}" if args.per_rank_project else args.project
+    project = ProjectConfiguration(project_dir=project_dir, automatic_checkpoint_naming=True, total_limit=args.total_limit,
                                    async_save=args.async_save)
     kwargs = {}
     if args.fsdp:
@@ -220,6 +223,8 @@ def main() -> int:
     parser.add_argument("--async-save", action="store_true")
     parser.add_argument("--fault", default=None, help="RANK:STEP:POINT (see the module doc)")
     parser.add_argument("--check-preemption", action="store_true")
+    parser.add_argument("--per-rank-project", action="store_true",
+                        help="each rank's checkpoints in PROJECT/rank{r} (each node's own disk)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK', 0)}] %(name)s %(levelname)s: %(message)s")
 

@@ -108,9 +108,20 @@ class CheckpointAPI:
         self._checkpoints_not_saving()
 
     def _checkpoints_not_saving(self) -> None:
-        """At a barrier, ``end_training``: this process is not in a ``save_state`` the main process may have opened."""
+        """``end_training``: this process is not in a ``save_state`` the main process may have opened."""
         if self.num_processes > 1:  # type: ignore[attr-defined]
             self.checkpointer.rendezvous.decline()
+
+    def _barrier_declining_saves(self) -> bool:
+        """``wait_for_everyone`` on a process other than the main one: the barrier, declining meanwhile any
+        ``save_state`` the main process opens alone. False where a plain barrier is right (one process, the main
+        one, no process group)."""
+        import torch.distributed as dist
+
+        if self.num_processes < 2 or self.is_main_process or not dist.is_initialized():  # type: ignore[attr-defined]
+            return False
+        self.checkpointer.rendezvous.barrier()
+        return True
 
 
 def _known(kwargs: dict[str, Any], known: tuple[str, ...], where: str) -> dict[str, Any]:

@@ -4,7 +4,8 @@ Accelerate lets a script save unsharded training from the main process only (``i
 accelerator.save_state(folder)``), and scripts do. A checkpoint's commit is collective, so the processes first
 agree, through the job's key-value store (torch.distributed's, which every process already has), on who takes
 part: the main process opens save number *n*; each other process that calls ``save_state`` joins it, and one that
-reaches ``wait_for_everyone()``, ``load_state`` or ``end_training`` instead declines it (it is not saving now).
+waits in ``wait_for_everyone()`` or reaches ``load_state`` or ``end_training`` instead declines it (it is not saving
+now).
 When every process joined, the save is the usual collective one. When some declined or have not come within
 :data:`ALONE_AFTER_S` seconds, the main process saves alone, without waiting for anyone again: the checkpoint holds
 its random states only (a resumed process without its own takes the main process's, with a warning), as in
@@ -31,6 +32,7 @@ ALONE_AFTER_S = 5.0
 decline at once from ``wait_for_everyone()``, ``load_state`` and ``end_training``)."""
 _KEY = "trainkit/save_state/"
 _POLL_S = 0.002
+_DECLINE_POLL_S = 0.01
 
 
 def _store() -> Any:
@@ -68,6 +70,15 @@ class SaveRendezvous:
             if not store.check([f"{_KEY}{number}/decision"]):
                 store.set(f"{_KEY}{number}/{dist.get_rank()}", "decline")
         self._handled = max(self._handled, opened)
+
+    def barrier(self) -> None:
+        """``wait_for_everyone()`` on a process other than the main one: while it waits, it declines every save the
+        main process opens (the main process is then in ``save_state``, not in this barrier)."""
+        work = dist.barrier(async_op=True)
+        while not work.is_completed():
+            self.decline()
+            time.sleep(_DECLINE_POLL_S)
+        work.wait()
 
     def _open(self, store: Any, needs_everyone: str | None) -> Ranks:
         number = store.add(_KEY + "opened", 1)

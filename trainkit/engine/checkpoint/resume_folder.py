@@ -97,15 +97,11 @@ def newest_sound_checkpoint(run_dir: str, conventions: Sequence[FolderConvention
     ranks = ranks or Ranks.everyone()
     candidates = ranks.decide("list the checkpoints", lambda: _complete_newest_first(run_dir, conventions, io))
     for folder in _on_every_holder(candidates, ranks):
-        problem = None
         try:
-            io.read(folder, ranks=ranks)
+            io.read(folder, ranks=ranks)  # raises on every process, or on none
         except (CorruptedCheckpointError, IncompleteCheckpointError) as error:
-            problem = str(error)
-        problems = [p for p in ranks.gather_all(problem) if p] if ranks.size < ranks.world else [problem] * bool(problem)
-        if problems:
             if ranks.me == 0:
-                logger.warning("Skipping %s for resuming: %s", folder, problems[0])
+                logger.warning("Skipping %s for resuming: %s", folder, error)
             continue
         return folder
     return None

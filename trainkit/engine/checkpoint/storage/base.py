@@ -140,6 +140,10 @@ class CheckpointStorage(ABC):
             return "complete"
         return "damaged" if self.exists(self.join(final_dir, MANIFEST_NAME)) else "incomplete"
 
+    def _agree(self, final_dir: str, existing: str, ranks: Ranks) -> str:
+        """Collective: what is at ``final_dir`` as the processes writing it together see it (one place: as found)."""
+        return existing
+
     def participants(self, location: str, ranks: Ranks) -> Ranks:
         """Collective: the processes that write or read the checkpoint at ``location`` together, as this process
         sees them (here: every process, in one shared place; a backend of per-node places answers with this
@@ -165,7 +169,7 @@ class CheckpointStorage(ABC):
         """
         final_dir = self.normalize(final_dir)
         ranks = ranks if ranks is not None else self.participants(final_dir, Ranks.everyone())
-        existing = ranks.decide(f"inspect {final_dir}", lambda: self._inspect(final_dir))
+        existing = self._agree(final_dir, ranks.decide(f"inspect {final_dir}", lambda: self._inspect(final_dir)), ranks)
         damaged = existing in ("incomplete", "damaged")
         set_aside = set_aside_damaged or (replace and existing == "damaged")
         if existing == "complete" and set_aside_damaged:
@@ -200,18 +204,16 @@ class CheckpointStorage(ABC):
             ranks.raise_if_any_failed(failures, f"write checkpoint {final_dir}")
         sizes = ranks.decide("list the checkpoint's files", lambda: self.file_sizes_to_commit(staging))
         names = sorted(sizes)
-        mine: dict[str, Any] | str
+        mine: dict[str, Any] = {}
+        problem = None
         try:
             mine = {name: {"size": sizes[name], "sha256": self.checksum(self.join(staging, name))}
                     for name in names[ranks.index::ranks.size]}
         except OSError as failure:
-            mine = describe(failure)
-        described = ranks.gather(mine)
-        problems = [part for part in described if isinstance(part, str)]
-        if problems:
-            raise CheckpointError(f"Could not checksum {staging}: " + "; ".join(problems))
+            problem = f"{staging}: {describe(failure)}"
+        ranks.raise_anywhere(problem, "Could not checksum the checkpoint's files: ")
         files: dict[str, Any] = {}
-        for part in described:
+        for part in ranks.gather(mine):
             files.update(part)
         manifest = {"files": files, "world_size": ranks.size, "metadata": metadata or {}}
         result = ranks.decide(f"publish checkpoint {final_dir}", lambda: self._publish(staging, final_dir, manifest))
@@ -285,25 +287,23 @@ class CheckpointStorage(ABC):
         raise the same error on every rank when any is wrong. Returns the manifest."""
         ranks = ranks or Ranks.everyone()
         root, prefix = self.covering(folder)
-        outcome: list[str] | str
+        incomplete = damaged = None
         manifest: dict[str, Any] = {}
         try:
             manifest = self.read_manifest(root)
             names = sorted(name for name in manifest["files"] if name.startswith(prefix))
             if not names:
                 raise IncompleteCheckpointError(f"The manifest of {root} lists no files under {folder}.")
-            outcome = self.find_problems(root, names[ranks.index::ranks.size], checksums)
+            problems = self.find_problems(root, names[ranks.index::ranks.size], checksums)
         except IncompleteCheckpointError as error:
-            outcome = f"INCOMPLETE {error}"
+            incomplete, problems = str(error), []
         except CorruptedCheckpointError as error:
-            outcome = [str(error)]
-        gathered = ranks.gather(outcome)
-        for part in gathered:
-            if isinstance(part, str):
-                raise IncompleteCheckpointError(part.removeprefix("INCOMPLETE "))
-        problems = sorted({problem for part in gathered for problem in part})
-        if problems:
-            raise CorruptedCheckpointError(f"Checkpoint {folder} is damaged; nothing was loaded: " + "; ".join(problems))
+            problems = [str(error)]
+        # Agreed by every process (with each node's own folder, every node's), so all raise or none does.
+        ranks.raise_anywhere(incomplete, "", IncompleteCheckpointError)
+        found = sorted({problem for part in ranks.gather(problems) for problem in part})
+        ranks.raise_anywhere(f"Checkpoint {folder} is damaged; nothing was loaded: " + "; ".join(found) if found else None,
+                             "", CorruptedCheckpointError)
         return manifest
 
     def _verifies(self, folder: str, ranks: Ranks) -> bool:

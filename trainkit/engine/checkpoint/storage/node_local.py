@@ -48,13 +48,23 @@ class NodeLocalStorage(SharedFolderStorage):
                              for first in dict.fromkeys(keys))
         return ranks.among([rank for rank, other in enumerate(keys) if other == keys[ranks.me]])
 
+    def _agree(self, final_dir: str, existing: str, ranks: Ranks) -> str:
+        """A complete part whose checkpoint other nodes do not hold complete (a commit interrupted on another node)
+        counts as damaged: it is set aside (or refused), never taken for a checkpoint of this run."""
+        token = None
+        if ranks.is_leader and existing == "complete":
+            token = self.read_manifest(final_dir).get("metadata", {}).get("commit")
+        seen = [found for found in ranks.gather_all((existing, token) if ranks.is_leader else None) if found]
+        whole = all(state == "complete" for state, _ in seen) and len({token for _, token in seen}) == 1
+        return "damaged" if existing == "complete" and not whole else existing
+
 
 def layout_error(folder: str, saved: list[list[int]], rank: int, needs: list[str]) -> CheckpointError:
     """The error of a load that needs parts another node's processes wrote into their own folder."""
-    where = "; ".join(f"rank{'s' if len(holder) > 1 else ''} {', '.join(map(str, holder))} in their own folder"
-                      for holder in saved)
+    where = ", ".join("+".join(map(str, holder)) for holder in saved)
     return CheckpointError(
-        f"{folder} is one node's part of a checkpoint written with each node's own folder ({where}); rank {rank} of "
-        f"this run reads it and needs {', '.join(needs)}, which another node's processes wrote into their own "
-        "folder. Resume with the same layout (the same processes writing the same folders), or save into a folder "
-        "every process shares (or an object store) to resume on another number of processes; nothing was loaded.")
+        f"{folder} is one node's part of a checkpoint that each node wrote into its own folder (processes {where}); "
+        f"rank {rank} of this run reads it and needs {', '.join(needs)}, which the other nodes' processes wrote "
+        "into their own folders. Resume with the same layout (the same processes writing the same folders), or save "
+        "into a folder every process shares (or an object store) to resume on another number of processes; nothing "
+        "was loaded.")

@@ -108,17 +108,26 @@ class Ranks:
         return [everyone[rank] for rank in self.members]
 
     def decide(self, action: str, function: Callable[[], T]) -> T:
-        """Run ``function`` on the leader; every member gets its result, or its error raised as a CheckpointError."""
+        """Run ``function`` on the leader; every member gets its result. When any leader of the group fails (of
+        any node, with each node's own folder), every process raises a CheckpointError naming the failures, so the
+        processes never part ways in the middle of a collective protocol."""
         outcome: tuple[Any, str | None] = (None, None)
         if self.is_leader:
             try:
                 outcome = (function(), None)
-            except Exception as error:  # raised on every member below, so nobody waits forever
+            except Exception as error:  # raised on every process below, so nobody waits forever
                 outcome = (None, describe(error))
-        result, failure = self.gather(outcome)[0]
-        if failure:
-            raise CheckpointError(f"Could not {action}: {failure}")
-        return result
+        everyone = self.gather_all(outcome)
+        failures = list(dict.fromkeys(failure for _, failure in everyone if failure))
+        if failures:
+            raise CheckpointError(f"Could not {action}: " + "; ".join(failures))
+        return everyone[0 if self.solo else self.leader][0]
+
+    def raise_anywhere(self, problem: str | None, prefix: str, error: type[Exception] = CheckpointError) -> None:
+        """Collective: raise ``error`` on every process when any process has a ``problem`` (each names its own)."""
+        problems = list(dict.fromkeys(p for p in self.gather_all(problem) if p))
+        if problems:
+            raise error(prefix + "; ".join(problems))
 
     def raise_if_any_failed(self, failures: list[str | None], action: str) -> None:
         """``failures``: gathered error strings or None; raise one error naming every failing rank if any."""
