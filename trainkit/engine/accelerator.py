@@ -304,7 +304,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self._checkpoints_at_step()  # a failed background checkpoint write stops the loop here
         loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
                                                   self.strategy.data_parallel_size)
-        self.precision.backward(loss, **kwargs)
+        with self._in_step_collective():  # a main-process-only save_state goes on without this process
+            self.precision.backward(loss, **kwargs)
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """A context running eligible ops in the mixed-precision dtype (prepared models already do)."""

@@ -10,6 +10,7 @@ reserved ahead of the first asynchronous save, a main-process-only ``save_state`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -100,6 +101,13 @@ class CheckpointAPI:
         """After ``prepare`` (collective): with ``async_save``, set up what the first save would pay for."""
         if getattr(self.project_configuration, "async_save", False):  # type: ignore[attr-defined]
             self.checkpointer.prepare_ahead()
+
+    def _in_step_collective(self) -> contextlib.AbstractContextManager:
+        """Around a step's ``backward`` (gradients all-reduced with the other processes): this process is not coming
+        to a ``save_state`` the main process may open meanwhile, which then goes on without it. Cheap."""
+        if self.num_processes < 2:  # type: ignore[attr-defined]
+            return contextlib.nullcontext()
+        return self.checkpointer.rendezvous.busy()
 
     def _checkpoints_at_end(self) -> None:
         """``end_training``: the save in flight is finished (its error raised); no ``save_state`` is joined now."""

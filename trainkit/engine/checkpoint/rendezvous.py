@@ -3,9 +3,9 @@
 Accelerate lets a script save unsharded training from the main process only (``if accelerator.is_main_process:
 accelerator.save_state(folder)``), and scripts do. A checkpoint's commit is collective, so the processes first
 agree, through the job's key-value store (torch.distributed's, which every process already has), on who takes
-part: the main process opens save number *n*; each other process that calls ``save_state`` joins it, and one that
-waits in ``wait_for_everyone()`` or reaches ``load_state`` or ``end_training`` instead declines it (it is not saving
-now).
+part: the main process opens save number *n*; each other process that calls ``save_state`` joins it, and one that is
+in a step's ``backward`` or waits in ``wait_for_everyone()``, or reaches ``load_state`` or ``end_training``, declines it
+(it is not saving now: it is in a collective the main process has not joined).
 When every process joined, the save is the usual collective one. When some declined or have not come within
 :data:`ALONE_AFTER_S` seconds, the main process saves alone, without waiting for anyone again: the checkpoint holds
 its random states only (a resumed process without its own takes the main process's, with a warning), as in
@@ -16,8 +16,13 @@ made alone is told so and goes on.
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import logging
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -29,30 +34,54 @@ logger = logging.getLogger(__name__)
 
 ALONE_AFTER_S = 5.0
 """How long the main process waits for the others to join or decline a ``save_state`` before saving alone (they
-decline at once from ``wait_for_everyone()``, ``load_state`` and ``end_training``)."""
+decline at once from ``backward``, ``wait_for_everyone()``, ``load_state`` and ``end_training``)."""
 _KEY = "trainkit/save_state/"
 _POLL_S = 0.002
-_DECLINE_POLL_S = 0.01
+_WATCH_TIMEOUT = datetime.timedelta(seconds=60)
+_COLLECTIVES_FILE = "distributed_c10d.py"
 
 
-def _store() -> Any:
+def _base_store() -> Any:
+    """torch.distributed's key-value store (its TCPStore, under the process group's prefix), or None."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
-    return dist.distributed_c10d._get_default_store()
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
 
 
 class SaveRendezvous:
-    """One process's side of the agreement (see the module doc)."""
+    """One process's side of the agreement (see the module doc).
+
+    On the other processes a watcher thread (with its own connection to the store) answers for the loop: when the
+    main process opens a save while this process's loop is inside a step's ``backward``, a barrier or any other
+    torch.distributed call (it cannot be coming to ``save_state`` before the main process joins that collective),
+    it declines at once."""
 
     def __init__(self) -> None:
         self._handled = 0
         """The last save number this process joined or declined."""
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._watching: bool | None = None
+
+    @contextlib.contextmanager
+    def busy(self) -> Iterator[None]:
+        """The loop is in a collective other than ``save_state`` (a step's ``backward``, a barrier). Cheap."""
+        if self._watching is None:
+            self._start_watching()
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
 
     def take_part(self, needs_everyone: str | None) -> Ranks | None:
         """Collective among the processes that call ``save_state``: the processes that write this save (every
         process, or the main process alone); None on a process that came after the main process saved alone.
         ``needs_everyone``: why the state cannot be written by one process (then missing processes are an error)."""
-        store = _store()
+        store = _base_store()
         if store is None:
             return Ranks.everyone()
         if dist.get_rank() == 0:
@@ -60,28 +89,71 @@ class SaveRendezvous:
         return self._join(store)
 
     def decline(self) -> None:
-        """This process is not saving now (it waits in a barrier, loads or ends): any save the main process has
-        opened goes on without it."""
-        store = _store()
+        """This process is not saving now (it loads or ends): any save the main process has opened goes on
+        without it."""
+        store = _base_store()
         if store is None or dist.get_rank() == 0:
             return
         opened = store.add(_KEY + "opened", 0)
-        for number in range(self._handled + 1, opened + 1):
-            if not store.check([f"{_KEY}{number}/decision"]):
-                store.set(f"{_KEY}{number}/{dist.get_rank()}", "decline")
-        self._handled = max(self._handled, opened)
+        with self._lock:
+            for number in range(self._handled + 1, opened + 1):
+                if not store.check([f"{_KEY}{number}/decision"]):
+                    store.set(f"{_KEY}{number}/{dist.get_rank()}", "decline")
+            self._handled = max(self._handled, opened)
 
     def barrier(self) -> None:
-        """``wait_for_everyone()`` on a process other than the main one: while it waits, it declines every save the
-        main process opens (the main process is then in ``save_state``, not in this barrier)."""
-        work = dist.barrier(async_op=True)
-        while not work.is_completed():
-            self.decline()
-            time.sleep(_DECLINE_POLL_S)
-        work.wait()
+        """``wait_for_everyone()`` on a process other than the main one: a barrier during which the saves the main
+        process opens are declined (by the watcher, or here when there is none)."""
+        self.decline()
+        with self.busy():
+            if self._watching:
+                dist.barrier()
+                return
+            work = dist.barrier(async_op=True)
+            while not work.is_completed():
+                self.decline()
+                time.sleep(0.01)
+            work.wait()
 
+    # -- the watcher (processes other than the main one) ----------------------------------------------------------
+    def _start_watching(self) -> None:
+        store = _base_store()
+        self._watching = False
+        if store is None or dist.get_rank() == 0 or not hasattr(store, "host"):
+            return
+        try:
+            client = dist.TCPStore(store.host, store.port, is_master=False, timeout=_WATCH_TIMEOUT,
+                                   wait_for_workers=False)
+        except (RuntimeError, ValueError) as error:  # saves then fall back to the main process's wait
+            logger.debug("No watcher for main-process-only saves: %s", error)
+            return
+        self._watching = True
+        threading.Thread(target=self._watch, args=(client, dist.get_rank(), threading.get_ident()),
+                         name="trainkit-save-rendezvous", daemon=True).start()
+
+    def _watch(self, client: Any, rank: int, loop_thread: int) -> None:
+        while True:
+            with self._lock:
+                number = self._handled + 1
+            try:
+                client.wait([f"{_KEY}{number}/opened"], _WATCH_TIMEOUT)
+            except Exception:  # a timeout (nothing opened yet), or the job ending: look again
+                time.sleep(0.1)
+                continue
+            while True:
+                with self._lock:
+                    if self._handled >= number:
+                        break
+                    if self._busy or _in_collective(loop_thread):
+                        client.set(f"{_KEY}{number}/{rank}", "decline")
+                        self._handled = number
+                        break
+                time.sleep(_POLL_S)
+
+    # -- the main process opens a save, the others join it ------------------------------------------------------
     def _open(self, store: Any, needs_everyone: str | None) -> Ranks:
         number = store.add(_KEY + "opened", 1)
+        store.set(f"{_KEY}{number}/opened", "1")
         self._handled = number
         others = range(1, dist.get_world_size())
         answers = _answers(store, number, others)
@@ -92,7 +164,7 @@ class SaveRendezvous:
             return Ranks.everyone()
         declined = [rank for rank in absent if answers.get(rank) == "decline"]
         missing = (f"process{'es' if len(absent) > 1 else ''} {', '.join(map(str, absent))} "
-                   + ("did not call it (they went on to wait_for_everyone, load_state or end_training)"
+                   + ("did not call it (they were in another collective: a step, a barrier, a load or the end)"
                       if len(declined) == len(absent) else f"had not called it after {ALONE_AFTER_S:g} s"))
         if decision == "refused":
             raise CheckpointError(refusal(needs_everyone, missing))
@@ -101,12 +173,13 @@ class SaveRendezvous:
         return Ranks.alone(0)
 
     def _join(self, store: Any) -> Ranks | None:
-        number = self._handled + 1
-        while store.check([f"{_KEY}{number}/decision"]):  # made alone already, before this process came
-            number += 1
-        store.set(f"{_KEY}{number}/{dist.get_rank()}", "join")
+        with self._lock:
+            number = self._handled + 1
+            while store.check([f"{_KEY}{number}/decision"]):  # made alone already, before this process came
+                number += 1
+            store.set(f"{_KEY}{number}/{dist.get_rank()}", "join")
+            self._handled = number
         store.wait([f"{_KEY}{number}/decision"])
-        self._handled = number
         decision = store.get(f"{_KEY}{number}/decision").decode()
         if decision == "everyone":
             return Ranks.everyone()
@@ -116,6 +189,19 @@ class SaveRendezvous:
                        "%g s): this process's random states are not in that checkpoint.", dist.get_rank(),
                        ALONE_AFTER_S)
         return None
+
+
+def _in_collective(thread: int) -> bool:
+    """Whether the loop's thread waits in a torch.distributed call (a broadcast at a dataloader's new epoch, a
+    user's all_reduce): with the main process in ``save_state``, it cannot be coming to ``save_state`` itself."""
+    frame = sys._current_frames().get(thread)
+    for _ in range(64):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.endswith(_COLLECTIVES_FILE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _answers(store: Any, number: int, others: range) -> dict[int, str]:
