@@ -1,6 +1,6 @@
 """A real S3-compatible server for the object-store tests: moto's standalone server on a free loopback port,
-reached with s3fs over HTTP (nothing is mocked in-process). One server per test session, started on first use and
-stopped at the end; each test gets its own bucket.
+reached with s3fs over HTTP (nothing is mocked in-process). One server per test process, started on first use and
+stopped at exit; each test gets its own bucket.
 
 ``s3`` (a fixture) skips, naming the reason, where ``moto[server]`` or ``s3fs`` is not installed (they are in the
 ``test`` extra; the lighter matrix stacks lack them).
@@ -8,6 +8,7 @@ stopped at the end; each test gets its own bucket.
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import socket
@@ -15,8 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
-
 import pytest
 
 from tests.distributed import free_port
@@ -89,13 +88,19 @@ class Bucket:
 
 
 
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
+_SERVER: list[S3Server] = []
+
+
+@pytest.fixture
+def s3_server() -> S3Server:
+    """The one server of this test process (started on first use, stopped at exit): one per process, because
+    fsspec keeps one S3 filesystem per set of options, and it would keep talking to the first server's port."""
     if MISSING:
         pytest.skip(REASON)
-    server = S3Server()
-    yield server
-    server.stop()
+    if not _SERVER:
+        _SERVER.append(S3Server())
+        atexit.register(_SERVER[0].stop)
+    return _SERVER[0]
 
 
 @pytest.fixture

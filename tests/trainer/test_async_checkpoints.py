@@ -52,12 +52,12 @@ def test_async_checkpoints_are_the_synchronous_ones_and_resume_exactly(tmp_path)
 def test_last_checkpoint_and_rotation_ignore_a_checkpoint_still_being_written(tmp_path, monkeypatch):
     import threading
 
-    from trainkit.engine.checkpoint import async_writer, state_io
+    from trainkit.engine.checkpoint import async_writer, sinks
 
     gate = threading.Event()
-    real_write = state_io.write_tensors_now
+    real_write = sinks.write_tensors_now
     in_writer = lambda: threading.current_thread().name == async_writer.WRITER_THREAD_NAME  # noqa: E731
-    monkeypatch.setattr(state_io, "write_tensors_now",
+    monkeypatch.setattr(sinks, "write_tensors_now",
                         lambda *a: (gate.wait(60) if in_writer() else None, real_write(*a)))
     output_dir = str(tmp_path / "out")
     trainer = make_trainer(output_dir, max_steps=2, save_total_limit=1, eval_strategy="no", async_save=True)
@@ -86,12 +86,12 @@ def test_sigterm_during_a_background_save_finishes_it_saves_again_and_the_rerun_
     import signal
     import time
 
-    from trainkit.engine.checkpoint import state_io
+    from trainkit.engine.checkpoint import sinks
     from trainkit.engine.process.preemption import PREEMPTED_EXIT_CODE, Preempted
 
     reference = make_trainer(str(tmp_path / "reference"), save_strategy="no", eval_strategy="no")
     reference.train()
-    real_write, sent = state_io.write_tensors_now, []
+    real_write, sent = sinks.write_tensors_now, []
 
     def write_then_signal(storage, tensors, path):
         if ".checkpoint-3.staging" in path and not sent:
@@ -100,7 +100,7 @@ def test_sigterm_during_a_background_save_finishes_it_saves_again_and_the_rerun_
             time.sleep(0.3)  # the loop reaches its step boundary while this write is still going on
         real_write(storage, tensors, path)
 
-    monkeypatch.setattr(state_io, "write_tensors_now", write_then_signal)
+    monkeypatch.setattr(sinks, "write_tensors_now", write_then_signal)
     output_dir = str(tmp_path / "out")
     with pytest.raises(Preempted) as stopped:
         make_trainer(output_dir, eval_strategy="no", async_save=True).train()
@@ -126,12 +126,12 @@ def test_async_save_when_busy_skip_skips_the_saves_that_find_a_write_in_flight(t
     import threading
 
     from trainkit import TrainerCallback
-    from trainkit.engine.checkpoint import async_writer, state_io
+    from trainkit.engine.checkpoint import async_writer, sinks
 
     gate = threading.Event()
-    real_write = state_io.write_tensors_now
+    real_write = sinks.write_tensors_now
     in_writer = lambda: threading.current_thread().name == async_writer.WRITER_THREAD_NAME  # noqa: E731
-    monkeypatch.setattr(state_io, "write_tensors_now",
+    monkeypatch.setattr(sinks, "write_tensors_now",
                         lambda *a: (gate.wait(60) if in_writer() else None, real_write(*a)))
 
     class ReleaseBeforeStep4(TrainerCallback):

@@ -14,7 +14,7 @@ from torch import nn
 
 from trainkit import Accelerator
 from trainkit.engine.checkpoint import CheckpointError, read_manifest, storage
-from trainkit.engine.checkpoint import async_writer, staging, state_io
+from trainkit.engine.checkpoint import async_writer, sinks, staging
 
 
 def _in_writer() -> bool:
@@ -25,8 +25,8 @@ def _in_writer() -> bool:
 
 def _hold_writer(monkeypatch, gate):
     """The background writer waits at its first tensor file until ``gate`` is set (synchronous saves do not)."""
-    real_write = state_io.write_tensors_now
-    monkeypatch.setattr(state_io, "write_tensors_now",
+    real_write = sinks.write_tensors_now
+    monkeypatch.setattr(sinks, "write_tensors_now",
                         lambda *a: (gate.wait(30) if _in_writer() else None, real_write(*a)))
 from trainkit.utils.dataclasses import ProjectConfiguration
 
@@ -139,7 +139,7 @@ def test_a_failed_background_write_is_raised_in_the_loop_with_path_and_cause(tmp
     def disk_full(storage, tensors, path):
         raise OSError(errno.ENOSPC, "No space left on device", path)
 
-    monkeypatch.setattr(state_io, "write_tensors_now", disk_full)
+    monkeypatch.setattr(sinks, "write_tensors_now", disk_full)
     second = accelerator.save_state()
     accelerator.checkpointer.writer._thread.join()
     with pytest.raises(CheckpointError) as raised:
@@ -259,13 +259,13 @@ def test_a_skipping_writer_yields_cores_to_training_and_a_waited_for_one_does_no
     import threading
 
     seen = []
-    real_write = state_io.write_tensors_now
+    real_write = sinks.write_tensors_now
 
     def write(*args):
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         real_write(*args)
 
-    monkeypatch.setattr(state_io, "write_tensors_now", write)
+    monkeypatch.setattr(sinks, "write_tensors_now", write)
     accelerator, _, _ = _setup(tmp_path / when_busy, async_save=True, async_save_when_busy=when_busy)
     accelerator.save_state()
     accelerator.end_training()

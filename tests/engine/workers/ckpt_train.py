@@ -107,7 +107,7 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
     import threading
     import time
 
-    from trainkit.engine.checkpoint import async_writer, state_io
+    from trainkit.engine.checkpoint import async_writer, sinks
     from trainkit.engine.checkpoint.storage.manifest import MANIFEST_NAME
 
     rank, step, point = spec.split(":")
@@ -140,7 +140,7 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
         log.warning("rank %s: SIGKILL %s, in the background write of the step-%s checkpoint", rank, where, step)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    real_write, real_checksum = state_io.write_tensors_now, storage_class.checksum
+    real_write, real_checksum = sinks.write_tensors_now, storage_class.checksum
     real_bytes, real_publish = storage_class.write_bytes, storage_class._publish
 
     def write_tensors(storage, tensors, path):
@@ -191,7 +191,7 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
     async_writer.gather_full = gather_full
     loop_may_die = threading.Event()
     signalled: list[str] = []
-    state_io.write_tensors_now = write_tensors
+    sinks.write_tensors_now = write_tensors
     storage_class.checksum, storage_class.write_bytes, storage_class._publish = checksum, write_bytes, publish
     if point == "loop":
         real_backward = accelerator.backward

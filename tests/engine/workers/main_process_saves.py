@@ -3,9 +3,9 @@ unsharded training; and the same with a sharded (FSDP2) state, which must be ref
 
 DDP run: main-process-only saves, each followed by what scripts do next: ``wait_for_everyone()`` or training on
 (the other process, waiting in the barrier or in the gradients' all-reduce, declines the save at once; the main
-process saves alone), then a regular save on every process. Every process
-then loads each checkpoint. Rank 0 writes ``OUT/main_saves.json``: what each folder holds, whether loading restored the weights. FSDP run (``--fsdp``): the main-process-only save raises a
-CheckpointError naming why; both processes go on. Each rank writes ``OUT/fsdp_rank{r}.json``.
+process saves alone), then a regular save on every process. Every process then loads each checkpoint. Rank 0
+writes ``OUT/main_saves.json``: what each folder holds, whether loading restored the weights. FSDP run (``--fsdp``):
+the main-process-only save raises a CheckpointError naming why; both processes go on. Each rank writes ``OUT/fsdp_rank{r}.json``.
 """
 
 from __future__ import annotations

@@ -26,10 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.api.attributes import run_load_state_pre_hooks, run_save_state_pre_hooks
+from trainkit.engine.api.attributes import run_load_state_pre_hooks
 from trainkit.engine.data import PreparedDataLoader
 
 from . import model_state, state_io
+from .model_state import Writing
 from .errors import CheckpointMismatchError
 from .global_batch import BatchShape, Rescale, keep_global_batch, saved_batch_shape
 from .rng import capture_rng_state, restore_rng_state
@@ -39,7 +40,6 @@ if TYPE_CHECKING:  # the Accelerator as this module sees it: a Protocol (the Acc
 
     from .model_state import Reading
     from .protocol import CheckpointedAccelerator as Accelerator
-    from .staged import StagedCheckpoint
 
 logger = logging.getLogger(__name__)
 
@@ -82,19 +82,23 @@ def _scheduler_name(index: int) -> str:
     return f"scheduler{'' if index == 0 else f'_{index}'}"
 
 
-def write_state_files(accelerator: Accelerator, staged: StagedCheckpoint | str, sharded: bool | None = None,
+def write_state_files(accelerator: Accelerator, writing: Writing | str, sharded: bool | None = None,
                       dataloaders: Sequence[PreparedDataLoader] | None = None) -> None:
-    """Collective: write the accelerator's whole state into the staged checkpoint (or into an existing, empty local
-    folder every process shares: not atomic by itself, for code that runs its own ``atomic_checkpoint``).
+    """Collective: write the accelerator's whole state into a checkpoint being written (``StagedCheckpoint.writing()``),
+    or into an existing, empty local folder every process shares (not atomic by itself, for code that runs its own
+    ``atomic_checkpoint``).
 
     ``sharded``: True writes DCP shards, False full tensors on rank 0; None lets the strategy decide per
     model (sharded for FSDP2 unless the plugin says ``FULL_STATE_DICT``). ``dataloaders``: the prepared loaders
     whose positions to store (default: all; the Trainer passes its training loader only, since an
     evaluation loader's position means nothing and how many exist depends on when the checkpoint is taken).
     """
-    if isinstance(staged, str):
-        staged = _local_staging(accelerator, staged)
-    strategy, prepared, writing = accelerator.strategy, accelerator.prepared, staged.writing()
+    if isinstance(writing, str):
+        from .sinks import WriteNow
+        from .storage.shared_folder import SharedFolderStorage
+
+        writing = Writing(WriteNow(SharedFolderStorage()), writing, accelerator.is_main_process)
+    strategy, prepared = accelerator.strategy, accelerator.prepared
     loaders = _tracked_loaders(prepared, dataloaders)
     layout: dict[str, Any] = {"models": [], "optimizers": []}
     for index, model in enumerate(prepared.models):
@@ -108,22 +112,14 @@ def write_state_files(accelerator: Accelerator, staged: StagedCheckpoint | str, 
         layout["optimizers"].append("sharded" if use_sharded else "full")
     # Every rank asks: a streamed loader's position gathers all ranks' readers (a collective).
     loader_states = [loader.state_dict() for loader in loaders]
-    if staged.writes_shared:
-        _write_shared_files(accelerator, staged, loader_states, layout)
-    state_io.write_json(staged.sink, capture_rng_state(), staged.file(f"random_states_{accelerator.process_index}.json"))
+    if writing.writes_shared:
+        _write_shared_files(accelerator, writing, loader_states, layout)
+    state_io.write_json(writing.sink, capture_rng_state(), writing.path(f"random_states_{accelerator.process_index}.json"))
 
 
-def _local_staging(accelerator: Accelerator, folder: str) -> StagedCheckpoint:
-    from .sinks import WriteNow
-    from .staged import StagedCheckpoint
-    from .storage.shared_folder import SharedFolderStorage
-
-    return StagedCheckpoint(folder, WriteNow(SharedFolderStorage()), accelerator.is_main_process, accelerator)
-
-
-def _write_shared_files(accelerator: Accelerator, staged: StagedCheckpoint, loader_states: list[Any],
+def _write_shared_files(accelerator: Accelerator, writing: Writing, loader_states: list[Any],
                         layout: dict[str, Any]) -> None:
-    prepared, sink, folder = accelerator.prepared, staged.sink, staged.path
+    prepared, sink, folder = accelerator.prepared, writing.sink, writing.directory
     for index, scheduler in enumerate(prepared.schedulers):
         state_io.save_state(sink, scheduler.state_dict(), folder, _scheduler_name(index))
     state_io.save_state(sink, loader_states, folder, "dataloaders")
@@ -140,15 +136,7 @@ def _write_shared_files(accelerator: Accelerator, staged: StagedCheckpoint, load
         "counts": {"schedulers": len(prepared.schedulers), "dataloaders": len(loader_states),
                    "custom_objects": len(prepared.custom_objects)},
         **layout,
-    }, staged.file(STATE_FILE))
-
-
-def write_with_hooks(accelerator: Accelerator, staged: StagedCheckpoint, sharded: bool | None,
-                     dataloaders: Sequence[PreparedDataLoader] | None) -> None:
-    """``save_state``'s files: the pre-hooks' (into a local folder that joins the checkpoint), then the state."""
-    with staged.local_folder() as folder:
-        run_save_state_pre_hooks(accelerator, accelerator.prepared.models, folder)
-    write_state_files(accelerator, staged, sharded, dataloaders)
+    }, writing.path(STATE_FILE))
 
 
 # -- loading ------------------------------------------------------------------------------------------------------

@@ -13,12 +13,14 @@ alone), and whether the files are written now or captured and written by the bac
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .accelerator_state import STATE_FILE
 from .async_writer import AfterCommit, BackgroundCheckpointWriter
 from .errors import CheckpointError, CorruptedCheckpointError, IncompleteCheckpointError
 from .model_state import Reading
@@ -26,6 +28,7 @@ from .rendezvous import SaveRendezvous
 from .resume_folder import FolderConvention, find_resume_folder
 from .sinks import FileSink, WriteNow
 from .staged import StagedCheckpoint
+from .state_io import read_json
 from .storage.base import CheckpointStorage
 from .storage.node_local import NodeLocalStorage
 from .storage.ranks import Ranks
@@ -41,6 +44,17 @@ logger = logging.getLogger(__name__)
 
 WriteCheckpoint = Callable[[StagedCheckpoint], None]
 """Fills a staged checkpoint (called on every process taking part)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """What :meth:`Checkpointer.resume` restored."""
+
+    folder: str
+    engine_state: bool
+    """True when the engine's whole state was loaded; False: the model's weights only (``save_only_model``)."""
+    files: dict[str, Any]
+    """The JSON files asked for, by name (None for one the checkpoint does not hold)."""
 
 
 class Checkpointer:
@@ -252,17 +266,21 @@ class Checkpointer:
         """One process: the JSON file ``name`` of a checkpoint (where its manifest puts the files), or None."""
         storage, files = self._files_of(folder)
         path = storage.join(files, name)
-        if not storage.exists(path):
-            return None
-        from .state_io import read_json
+        return read_json(storage, path) if storage.exists(path) else None
 
-        return read_json(storage, path)
-
-    def saved_batch_shape(self, folder: str, accumulation: int | None = None) -> BatchShape | None:
-        """One process: the global batch a checkpoint was saved with (None when it holds no engine state)."""
+    def saved_batch_shape(self, folder: str, accumulation: int | None = None,
+                          accumulation_from: str | None = None) -> BatchShape | None:
+        """One process: the global batch a checkpoint was saved with (None when it holds no engine state).
+        ``accumulation`` / ``accumulation_from``: the caller's own record of the accumulation, given, or read from its
+        JSON file in the checkpoint (``gradient_accumulation_steps``; None when that file or field is missing)."""
         from .global_batch import saved_batch_shape
 
         storage, files = self._files_of(folder)
+        if accumulation_from is not None:
+            path = storage.join(files, accumulation_from)
+            accumulation = (read_json(storage, path) if storage.exists(path) else {}).get("gradient_accumulation_steps")
+            if accumulation is None:
+                return None
         return saved_batch_shape(storage, files, accumulation=accumulation)
 
     def load_model(self, model: Any, folder: str, index: int = 0, *, checksums: bool = True) -> None:
@@ -290,7 +308,7 @@ class Checkpointer:
         checkpoints beyond ``total_limit`` are deleted (never the newest nor the one resumed from). Returns None when
         the save was skipped (a save in flight with ``async_save_when_busy="skip"``, or this process came after the
         main process had saved alone)."""
-        from .accelerator_state import needs_every_process, write_with_hooks
+        from .accelerator_state import needs_every_process
         from .resume_folder import ACCELERATOR_CONVENTION
 
         accelerator = self._accelerator
@@ -322,7 +340,7 @@ class Checkpointer:
         # An explicit folder may be saved to again (a common Accelerate habit): the new checkpoint replaces the old
         # one once committed, never by writing into it. Automatically named ones are never replaced, except a damaged
         # one (skipped by the resume that led here), kept aside as checkpoint_N.damaged-*.
-        saved = self.save(output_dir, lambda staged: write_with_hooks(accelerator, staged, sharded, dataloaders),
+        saved = self.save(output_dir, lambda staged: staged.write_save_state(sharded=sharded, dataloaders=dataloaders),
                           metadata={"kind": "accelerator_state"}, replace=not automatic, set_aside_damaged=automatic,
                           after_commit=rotate, synchronous=synchronous, ranks=ranks)
         if saved is None:
@@ -344,7 +362,6 @@ class Checkpointer:
         checkpoint is sound and fits. Fewer prepared objects than saved: what is prepared is loaded, and one line
         names the rest (``require_all_objects=True``: refused). On another world size the accumulation is rescaled
         to keep the global batch (``keep_global_batch=False``: the caller owns the accumulation, as the Trainer)."""
-        from .accelerator_state import load_state_files
         from .resume_folder import ACCELERATOR_CONVENTION, elastic_reason
 
         accelerator = self._accelerator
@@ -363,11 +380,37 @@ class Checkpointer:
             return None
         # Found automatically (no input_dir): the finder has just checksummed it; sizes are checked again here.
         reading = self.open(folder, checksums=verify_checksums and input_dir is not None)
-        self._check_layout(reading, accelerator.process_index)
-        load_state_files(accelerator, reading, folder, require_all_objects=require_all_objects,
-                         dataloaders=dataloaders, keep_global_batch=keep_global_batch)
-        self.loaded_from = folder
+        self._load_engine_state(reading, folder, require_all_objects=require_all_objects, dataloaders=dataloaders,
+                                keep_global_batch=keep_global_batch)
         return folder
+
+    def resume(self, folder: str, *, model: Any = None, read: Sequence[str] = (), verify_checksums: bool = True,
+               dataloaders: Sequence[Any] | None = None, keep_global_batch: bool = True) -> Resumed:
+        """Collective: "resume from ``folder``". It is verified once, then the engine's whole state is restored from
+        it, or, from a checkpoint of weights only (``save_only_model``), ``model``'s weights; the JSON files named
+        in ``read`` (the caller's own: ``trainer_state.json``) are returned. Nothing is changed when it is damaged
+        or does not fit."""
+        self.flush()  # a save still in flight is finished (and visible) before anything is read
+        reading = self.open(folder, checksums=verify_checksums)
+        engine_state = reading.storage.exists(reading.path(STATE_FILE))
+        if engine_state:
+            self._load_engine_state(reading, folder, dataloaders=dataloaders, keep_global_batch=keep_global_batch)
+        elif model is not None:
+            from .model_state import prepare_model_load
+
+            prepare_model_load(self._accelerator.strategy, model, reading, 0).apply()
+        files = {}
+        for name in read:
+            path = reading.path(name)
+            files[name] = read_json(reading.storage, path) if reading.storage.exists(path) else None
+        return Resumed(folder, engine_state, files)
+
+    def _load_engine_state(self, reading: Reading, folder: str, **options: Any) -> None:
+        from .accelerator_state import load_state_files
+
+        self._check_layout(reading, self._accelerator.process_index)
+        load_state_files(self._accelerator, reading, folder, **options)
+        self.loaded_from = folder
 
     @staticmethod
     def _check_layout(reading: Reading, rank: int) -> None:

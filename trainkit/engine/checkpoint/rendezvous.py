@@ -4,8 +4,9 @@ Accelerate lets a script save unsharded training from the main process only (``i
 accelerator.save_state(folder)``), and scripts do. A checkpoint's commit is collective, so the processes first
 agree, through the job's key-value store (torch.distributed's, which every process already has), on who takes
 part: the main process opens save number *n*; each other process that calls ``save_state`` joins it, and one that is
-in a step's ``backward`` or waits in ``wait_for_everyone()``, or reaches ``load_state`` or ``end_training``, declines it
-(it is not saving now: it is in a collective the main process has not joined).
+in a step's ``backward``, waits in ``wait_for_everyone()`` or in any other torch.distributed call, or reaches
+``load_state`` or ``end_training``, declines it (it is not saving now: it is in a collective the main process has not
+joined; a watcher thread answers for its loop).
 When every process joined, the save is the usual collective one. When some declined or have not come within
 :data:`ALONE_AFTER_S` seconds, the main process saves alone, without waiting for anyone again: the checkpoint holds
 its random states only (a resumed process without its own takes the main process's, with a warning), as in

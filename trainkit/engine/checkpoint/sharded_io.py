@@ -10,10 +10,7 @@ DCP's own metadata records, and the load planner refuses non-tensor items.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 import io
-import pickle
 import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -24,77 +21,26 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from . import dcp_metadata
+from .dcp_metadata import METADATA_FILE
 from .errors import CheckpointError, dcp_errors_as_checkpoint_errors
 
 if TYPE_CHECKING:
     from .storage.base import CheckpointStorage
 
-METADATA_FILE = ".metadata"
-_DCP_PACKAGE = "torch.distributed.checkpoint."
-_PATH_CLASSES = {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Reconstructs DCP metadata records only; any other global in the file is refused before it runs."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_DCP_PACKAGE):
-            found = super().find_class(module, name)
-            if isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
-                return found
-        elif module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
-            return getattr(torch, name)
-        elif (module, name) == ("torch.serialization", "_get_layout"):
-            return super().find_class(module, name)
-        elif module == "pathlib" and name in _PATH_CLASSES:
-            return super().find_class(module, name)
-        elif (module, name) == ("collections", "OrderedDict"):
-            return super().find_class(module, name)
-        raise CheckpointError(f"Refusing to load {module}.{name} from a checkpoint's DCP metadata (only DCP records are allowed).")
+__all__ = ["METADATA_FILE", "load_full_tensors", "load_sharded", "read_dcp_metadata", "saved_tensor_shapes",
+           "write_sharded_now"]
 
 
 def read_dcp_metadata(path: str, storage: CheckpointStorage | None = None) -> Metadata:
-    """The DCP ``.metadata`` of the folder ``path`` (on ``storage``, default: the local disk), read without running
-    code from it."""
-    storage = storage or _local_storage()
-    metadata_path = storage.join(path, METADATA_FILE)
-    try:
-        data = storage.read_bytes(metadata_path)
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} holds no sharded checkpoint (no {METADATA_FILE}).") from None
-    try:
-        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as error:
-        raise CheckpointError(f"{metadata_path} cannot be read ({type(error).__name__}: {error}).") from None
-    if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"{metadata_path} does not hold DCP metadata.")
-    return metadata
+    """The DCP ``.metadata`` of the folder ``path`` (on ``storage``, default: the local disk), read without pickle."""
+    return dcp_metadata.read_dcp_metadata(path, storage or _local_storage())
 
 
 def _local_storage() -> CheckpointStorage:
     from .storage.shared_folder import SharedFolderStorage
 
     return SharedFolderStorage()
-
-
-def pickle_free_reader(base: type, path: str, storage: CheckpointStorage, **options: Any) -> Any:
-    """DCP's reader ``base`` (``FileSystemReader``, ``FsspecReader``) for ``path``, with its metadata read through
-    ``storage`` by the pickle-free reader (tensors are read with ``weights_only=True`` by DCP)."""
-
-    class PickleFreeReader(base):  # type: ignore[misc, valid-type]
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-            if kwargs.get("rank") is not None:
-                raise CheckpointError("Per-rank DCP metadata files are not supported by trainkit checkpoints.")
-            metadata = read_dcp_metadata(path, storage)
-            from torch.distributed.checkpoint.metadata import StorageMeta
-
-            storage_meta = getattr(metadata, "storage_meta", None)
-            if storage_meta is None:
-                storage_meta = metadata.storage_meta = StorageMeta()
-            storage_meta.load_id = self.load_id
-            return metadata
-
-    return PickleFreeReader(path, **options)
 
 
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):

@@ -17,6 +17,18 @@ if TYPE_CHECKING:
     from .storage.base import CheckpointStorage
 
 
+def write_tensors_now(storage: CheckpointStorage, tensors: dict[str, torch.Tensor], path: str) -> None:
+    """Write a safetensors file now: directly on a disk, as bytes elsewhere."""
+    from .serialization import safetensors_bytes, write_safetensors_file
+
+    local = storage.local_path(path)
+    if local is not None:
+        storage.make_dirs(storage.parent(path))
+        write_safetensors_file(tensors, local)
+    else:
+        storage.write_bytes(path, safetensors_bytes(tensors))
+
+
 class FileSink:
     """The files of one checkpoint being written: what every writer calls."""
 
@@ -55,8 +67,6 @@ class WriteNow(FileSink):
         self.durable = durable
 
     def tensors(self, tensors: dict[str, torch.Tensor], path: str) -> None:
-        from .state_io import write_tensors_now
-
         write_tensors_now(self.storage, tensors, path)
 
     def sharded(self, tensors: dict[str, torch.Tensor], path: str) -> None:

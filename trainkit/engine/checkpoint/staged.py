@@ -88,7 +88,16 @@ class StagedCheckpoint:
         schedulers, loaders' positions, the scaler, registered objects, every process's random states."""
         from .accelerator_state import write_state_files
 
-        write_state_files(self.accelerator, self, sharded, dataloaders)
+        write_state_files(self.accelerator, self.writing(), sharded, dataloaders)
+
+    def write_save_state(self, *, sharded: bool | None = None, dataloaders: Sequence[Any] | None = None) -> None:
+        """Collective: what ``save_state`` writes: the files of its pre-hooks (given a local folder that joins the
+        checkpoint), then the engine's state."""
+        from trainkit.engine.api.attributes import run_save_state_pre_hooks
+
+        with self.local_folder() as folder:
+            run_save_state_pre_hooks(self.accelerator, self.accelerator.prepared.models, folder)
+        self.write_engine_state(sharded=sharded, dataloaders=dataloaders)
 
     def write_model(self, model: Any, index: int = 0) -> None:
         """Collective: one prepared model's weights only (full, or DCP shards where the strategy shards it)."""

@@ -101,18 +101,6 @@ def read_json(storage: CheckpointStorage, path: str) -> Any:
     return json.loads(storage.read_bytes(path).decode("utf-8"))
 
 
-def write_tensors_now(storage: CheckpointStorage, tensors: dict[str, torch.Tensor], path: str) -> None:
-    """Write a safetensors file now: directly on a disk, as bytes elsewhere."""
-    from .serialization import safetensors_bytes, write_safetensors_file
-
-    local = storage.local_path(path)
-    if local is not None:
-        storage.make_dirs(storage.parent(path))
-        write_safetensors_file(tensors, local)
-    else:
-        storage.write_bytes(path, safetensors_bytes(tensors))
-
-
 def load_tensors(storage: CheckpointStorage, path: str) -> dict[str, torch.Tensor]:
     """Read a safetensors file onto the CPU (memory-mapped on a disk)."""
     local = storage.local_path(path)

@@ -182,8 +182,3 @@ def load_model_weights(trainer: Trainer, folder: str, checksums: bool = True) ->
     unexpected and mis-shaped keys and leaves the model untouched.
     """
     trainer.accelerator.checkpointer.load_model(prepared_model(trainer), folder, 0, checksums=checksums)
-
-
-def has_engine_state(trainer: Trainer, folder: str) -> bool:
-    """False for a ``save_only_model`` checkpoint (weights, config and trainer state only)."""
-    return trainer.accelerator.checkpointer.has_file(folder, ENGINE_STATE_NAME)

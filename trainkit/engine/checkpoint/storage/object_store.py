@@ -104,9 +104,12 @@ class ObjectStoreStorage(CheckpointStorage):
         return digest.hexdigest()
 
     def delete(self, path: str) -> None:
+        # Objects are deleted by name: a recursive rm may also remove what it takes for empty folders, a bucket
+        # among them.
         fs, key = self._fs(path)
-        if fs.exists(key):
-            fs.rm(key, recursive=True)
+        objects = [key] if fs.isfile(key) else [key.rstrip("/") + "/" + name for name in self.file_sizes(path)]
+        if objects:
+            fs.rm(objects)
 
     def make_dirs(self, path: str) -> None:
         """Object stores have no folders: a prefix exists once an object is under it."""
@@ -120,7 +123,7 @@ class ObjectStoreStorage(CheckpointStorage):
     def dcp_reader(self, path: str) -> Any:
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        from ..sharded_io import pickle_free_reader
+        from ..dcp_metadata import pickle_free_reader
 
         return pickle_free_reader(FsspecReader, path, self, **self.storage_options)
 

@@ -121,7 +121,7 @@ class SharedFolderStorage(CheckpointStorage):
     def dcp_reader(self, path: str) -> Any:
         from torch.distributed.checkpoint import FileSystemReader
 
-        from ..sharded_io import pickle_free_reader
+        from ..dcp_metadata import pickle_free_reader
 
         return pickle_free_reader(FileSystemReader, path, self)
 
