@@ -304,8 +304,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self._checkpoints_at_step()  # a failed background checkpoint write stops the loop here
         loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
                                                   self.strategy.data_parallel_size)
-        with self._in_step_collective():  # a main-process-only save_state goes on without this process
-            self.precision.backward(loss, **kwargs)
+        self.precision.backward(loss, **kwargs)
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
         """A context running eligible ops in the mixed-precision dtype (prepared models already do)."""
@@ -446,8 +445,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
 
     def wait_for_everyone(self) -> None:
         """Barrier across all processes."""
-        if not self._barrier_declining_saves():  # a main-process-only save_state goes on without this process
-            self.state.wait_for_everyone()
+        self._checkpoints_not_saving()  # a main-process-only save_state goes on without this process
+        self.state.wait_for_everyone()
 
     def set_trigger(self) -> None:
         """Raise a flag on this process that ``check_trigger`` sees on every process."""

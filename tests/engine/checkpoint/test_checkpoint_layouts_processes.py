@@ -24,7 +24,7 @@ def test_save_state_on_the_main_process_only_saves_alone_or_refuses_a_sharded_st
     result = json.loads((tmp_path / "main_saves.json").read_text())
     # Followed by wait_for_everyone() or by training on: the other process, in the barrier or in the step's
     # gradient all-reduce, declines at once (no wait for ALONE_AFTER_S).
-    assert ddp.stderr.count("process 1 did not call it (they were in another collective") == 2, ddp.stderr[-3000:]
+    assert ddp.stderr.count("process 1 did not call it (they went on to another collective") == 2, ddp.stderr[-3000:]
     assert "had not called it after" not in ddp.stderr
     for name in ("then_barrier", "then_training"):
         assert "random_states_0.json" in result["contents"][name] and "random_states_1.json" not in result["contents"][name]

@@ -5,12 +5,11 @@ Every checkpoint goes through one object, ``accelerator.checkpointer``
 (:class:`~trainkit.engine.checkpoint.checkpointer.Checkpointer`), made on first use: this mixin forwards
 Accelerate's calls to it, checks their keywords (one that trainkit does not apply is named in a one-line notice,
 never dropped silently) and gives the loop's hooks (a failed background write raised at ``backward``, staging memory
-reserved ahead of the first asynchronous save, a main-process-only ``save_state`` declined at barriers).
+reserved ahead of the first asynchronous save, a main-process-only ``save_state`` declined by the other processes).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -98,16 +97,12 @@ class CheckpointAPI:
             self._checkpointer.on_step()
 
     def _checkpoints_after_prepare(self) -> None:
-        """After ``prepare`` (collective): with ``async_save``, set up what the first save would pay for."""
+        """After ``prepare`` (collective): the other processes' watcher for main-process-only saves; with
+        ``async_save``, what the first save would pay for is set up ahead."""
+        if self.num_processes > 1:  # type: ignore[attr-defined]
+            self.checkpointer.rendezvous.watch()
         if getattr(self.project_configuration, "async_save", False):  # type: ignore[attr-defined]
             self.checkpointer.prepare_ahead()
-
-    def _in_step_collective(self) -> contextlib.AbstractContextManager:
-        """Around a step's ``backward`` (gradients all-reduced with the other processes): this process is not coming
-        to a ``save_state`` the main process may open meanwhile, which then goes on without it. Cheap."""
-        if self.num_processes < 2:  # type: ignore[attr-defined]
-            return contextlib.nullcontext()
-        return self.checkpointer.rendezvous.busy()
 
     def _checkpoints_at_end(self) -> None:
         """``end_training``: the save in flight is finished (its error raised); no ``save_state`` is joined now."""
@@ -116,20 +111,10 @@ class CheckpointAPI:
         self._checkpoints_not_saving()
 
     def _checkpoints_not_saving(self) -> None:
-        """``end_training``: this process is not in a ``save_state`` the main process may have opened."""
+        """A barrier, ``end_training``: this process is not in a ``save_state`` the main process may have opened."""
         if self.num_processes > 1:  # type: ignore[attr-defined]
+            self.checkpointer.rendezvous.watch()
             self.checkpointer.rendezvous.decline()
-
-    def _barrier_declining_saves(self) -> bool:
-        """``wait_for_everyone`` on a process other than the main one: the barrier, declining meanwhile any
-        ``save_state`` the main process opens alone. False where a plain barrier is right (one process, the main
-        one, no process group)."""
-        import torch.distributed as dist
-
-        if self.num_processes < 2 or self.is_main_process or not dist.is_initialized():  # type: ignore[attr-defined]
-            return False
-        self.checkpointer.rendezvous.barrier()
-        return True
 
 
 def _known(kwargs: dict[str, Any], known: tuple[str, ...], where: str) -> dict[str, Any]:

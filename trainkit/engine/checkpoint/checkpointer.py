@@ -32,7 +32,7 @@ from .state_io import read_json
 from .storage.base import CheckpointStorage
 from .storage.node_local import NodeLocalStorage
 from .storage.ranks import Ranks
-from .storage.registry import local_path, storage_for, url_scheme
+from .storage.registry import local_path, storage_for
 from .storage.shared_folder import SharedFolderStorage
 
 if TYPE_CHECKING:
@@ -135,11 +135,6 @@ class Checkpointer:
         if self.writer is not None:
             self.writer.flush()
 
-    def raise_pending_error(self) -> None:
-        """Raise a failed background write's error now (cheap: called at every ``backward``)."""
-        if self.writer is not None:
-            self.writer.raise_pending_error()
-
     # -- writing ----------------------------------------------------------------------------------------------------
     def save(self, folder: str | os.PathLike, write: WriteCheckpoint, *, metadata: dict[str, Any] | None = None,
              replace: bool = False, set_aside_damaged: bool = False, after_commit: AfterCommit | None = None,
@@ -234,11 +229,6 @@ class Checkpointer:
             raise CheckpointError(f"The processes' folders ({folder} here) hold parts of different checkpoints "
                                   "(their manifests name different commits); nothing was loaded.")
 
-    def path_in(self, run_dir: str, name: str) -> str:
-        """``run_dir/name`` where checkpoints of ``run_dir`` are stored (a folder, or a URL kept a URL)."""
-        storage = self.storage_for(run_dir)
-        return storage.join(storage.normalize(local_path(run_dir)), name)
-
     @staticmethod
     def decide(action: str, function: Callable[[], Any]) -> Any:
         """Collective: run ``function`` on rank 0 and give every process its result (or its error)."""
@@ -252,11 +242,6 @@ class Checkpointer:
             return storage, storage.files_at(local_path(folder))
         except (IncompleteCheckpointError, CorruptedCheckpointError):
             return storage, storage.normalize(local_path(folder))
-
-    def has_file(self, folder: str, name: str) -> bool:
-        """One process: whether the checkpoint ``folder`` holds the file ``name``."""
-        storage, files = self._files_of(folder)
-        return storage.exists(storage.join(files, name))
 
     def is_checkpoint(self, folder: str) -> bool:
         """One process: whether ``folder`` is a complete checkpoint (cheap: sizes only)."""
@@ -291,10 +276,6 @@ class Checkpointer:
         reading = self.open(folder, checksums=checksums)
         prepare_model_load(self._accelerator.strategy, model, reading, index).apply()
 
-    @staticmethod
-    def is_url(location: str) -> bool:
-        """Whether ``location`` is a URL (an object store) rather than a local path."""
-        return url_scheme(str(location)) not in (None, "file", "local")
 
     # -- the Accelerator's state: save_state / load_state ----------------------------------------------------------
     def save_state(self, output_dir: str | os.PathLike | None = None, *, sharded: bool | None = None,
@@ -321,9 +302,9 @@ class Checkpointer:
             if config.project_dir is None:
                 raise ValueError("save_state with automatic_checkpoint_naming needs a project_dir "
                                  "(Accelerator(project_dir=...)).")
-            parent = self.storage_for(config.project_dir).join(local_path(config.project_dir), ACCELERATOR_CONVENTION.subfolder)
-            output_dir = f"{parent}/{ACCELERATOR_CONVENTION.prefix}{config.iteration}" if self.is_url(parent) else \
-                os.path.join(parent, f"{ACCELERATOR_CONVENTION.prefix}{config.iteration}")
+            project = local_path(config.project_dir)
+            output_dir = self.storage_for(project).join(project, ACCELERATOR_CONVENTION.subfolder,
+                                                         f"{ACCELERATOR_CONVENTION.prefix}{config.iteration}")
         elif output_dir is None:
             raise ValueError("save_state needs an output_dir (or ProjectConfiguration(automatic_checkpoint_naming=True)).")
         self.storage_for(local_path(os.fspath(output_dir)))  # an unknown scheme:// is refused before anything else

@@ -3,11 +3,10 @@
 Accelerate lets a script save unsharded training from the main process only (``if accelerator.is_main_process:
 accelerator.save_state(folder)``), and scripts do. A checkpoint's commit is collective, so the processes first
 agree, through the job's key-value store (torch.distributed's, which every process already has), on who takes
-part: the main process opens save number *n*; each other process that calls ``save_state`` joins it, and one that is
-in a step's ``backward``, waits in ``wait_for_everyone()`` or in any other torch.distributed call, or reaches
-``load_state`` or ``end_training``, declines it (it is not saving now: it is in a collective the main process has not
-joined; a watcher thread answers for its loop).
-When every process joined, the save is the usual collective one. When some declined or have not come within
+part: the main process opens save number *n*; each other process that calls ``save_state`` joins it, and one that
+goes past that point instead declines it: it issues a collective the main process has not (a step's gradient
+all-reduce, ``wait_for_everyone()``, any torch.distributed call; a watcher thread answers for its loop), or reaches
+``load_state`` or ``end_training``. When every process joined, the save is the usual collective one. When some declined or have not come within
 :data:`ALONE_AFTER_S` seconds, the main process saves alone, without waiting for anyone again: the checkpoint holds
 its random states only (a resumed process without its own takes the main process's, with a warning), as in
 Accelerate. A state that needs every process (sharded parameters, a streamed loader) is refused with a clear error
@@ -17,13 +16,10 @@ made alone is told so and goes on.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
@@ -35,11 +31,10 @@ logger = logging.getLogger(__name__)
 
 ALONE_AFTER_S = 5.0
 """How long the main process waits for the others to join or decline a ``save_state`` before saving alone (they
-decline at once from ``backward``, ``wait_for_everyone()``, ``load_state`` and ``end_training``)."""
+decline as soon as their loop issues its next collective, or reaches ``load_state`` or ``end_training``)."""
 _KEY = "trainkit/save_state/"
 _POLL_S = 0.002
 _WATCH_TIMEOUT = datetime.timedelta(seconds=60)
-_COLLECTIVES_FILE = "distributed_c10d.py"
 
 
 def _base_store() -> Any:
@@ -55,28 +50,23 @@ def _base_store() -> Any:
 class SaveRendezvous:
     """One process's side of the agreement (see the module doc).
 
-    On the other processes a watcher thread (with its own connection to the store) answers for the loop: when the
-    main process opens a save while this process's loop is inside a step's ``backward``, a barrier or any other
-    torch.distributed call (it cannot be coming to ``save_state`` before the main process joins that collective),
-    it declines at once."""
+    On the other processes a watcher thread (with its own connection to the store) answers for the loop: the main
+    process opens a save with the number of collectives it has issued on the default process group; once this
+    process's loop has issued more (a step's gradient all-reduce, a barrier, any torch.distributed call), it went
+    past that point without calling ``save_state``, and the watcher declines at once. Until then (the loop is
+    computing, or about to call ``save_state``) it waits: the answer depends on what the loop does, never on timing."""
 
     def __init__(self) -> None:
         self._handled = 0
         """The last save number this process joined or declined."""
         self._lock = threading.Lock()
-        self._busy = 0
         self._watching: bool | None = None
 
-    @contextlib.contextmanager
-    def busy(self) -> Iterator[None]:
-        """The loop is in a collective other than ``save_state`` (a step's ``backward``, a barrier). Cheap."""
+    def watch(self) -> None:
+        """On a process other than the main one: start the watcher (once; cheap after). Called when objects are
+        prepared and at barriers, before any save can be opened."""
         if self._watching is None:
             self._start_watching()
-        self._busy += 1
-        try:
-            yield
-        finally:
-            self._busy -= 1
 
     def take_part(self, needs_everyone: str | None) -> Ranks | None:
         """Collective among the processes that call ``save_state``: the processes that write this save (every
@@ -102,20 +92,6 @@ class SaveRendezvous:
                     store.set(f"{_KEY}{number}/{dist.get_rank()}", "decline")
             self._handled = max(self._handled, opened)
 
-    def barrier(self) -> None:
-        """``wait_for_everyone()`` on a process other than the main one: a barrier during which the saves the main
-        process opens are declined (by the watcher, or here when there is none)."""
-        self.decline()
-        with self.busy():
-            if self._watching:
-                dist.barrier()
-                return
-            work = dist.barrier(async_op=True)
-            while not work.is_completed():
-                self.decline()
-                time.sleep(0.01)
-            work.wait()
-
     # -- the watcher (processes other than the main one) ----------------------------------------------------------
     def _start_watching(self) -> None:
         store = _base_store()
@@ -129,23 +105,26 @@ class SaveRendezvous:
             logger.debug("No watcher for main-process-only saves: %s", error)
             return
         self._watching = True
-        threading.Thread(target=self._watch, args=(client, dist.get_rank(), threading.get_ident()),
-                         name="trainkit-save-rendezvous", daemon=True).start()
+        threading.Thread(target=self._watch, args=(client, dist.get_rank()), name="trainkit-save-rendezvous",
+                         daemon=True).start()
 
-    def _watch(self, client: Any, rank: int, loop_thread: int) -> None:
+    def _watch(self, client: Any, rank: int) -> None:
         while True:
             with self._lock:
                 number = self._handled + 1
             try:
                 client.wait([f"{_KEY}{number}/opened"], _WATCH_TIMEOUT)
+                opened_at = int(client.get(f"{_KEY}{number}/opened"))
             except Exception:  # a timeout (nothing opened yet), or the job ending: look again
                 time.sleep(0.1)
                 continue
             while True:
                 with self._lock:
                     if self._handled >= number:
-                        break
-                    if self._busy or _in_collective(loop_thread):
+                        break  # this process's loop joined (or declined) it
+                    issued = _collectives_issued()
+                    if opened_at >= 0 and issued is not None and issued > opened_at:
+                        # The loop went past the point where the main process opened the save: it is not coming.
                         client.set(f"{_KEY}{number}/{rank}", "decline")
                         self._handled = number
                         break
@@ -154,7 +133,8 @@ class SaveRendezvous:
     # -- the main process opens a save, the others join it ------------------------------------------------------
     def _open(self, store: Any, needs_everyone: str | None) -> Ranks:
         number = store.add(_KEY + "opened", 1)
-        store.set(f"{_KEY}{number}/opened", "1")
+        issued = _collectives_issued()
+        store.set(f"{_KEY}{number}/opened", str(-1 if issued is None else issued))
         self._handled = number
         others = range(1, dist.get_world_size())
         answers = _answers(store, number, others)
@@ -165,7 +145,7 @@ class SaveRendezvous:
             return Ranks.everyone()
         declined = [rank for rank in absent if answers.get(rank) == "decline"]
         missing = (f"process{'es' if len(absent) > 1 else ''} {', '.join(map(str, absent))} "
-                   + ("did not call it (they were in another collective: a step, a barrier, a load or the end)"
+                   + ("did not call it (they went on to another collective: a step, a barrier, a load or the end)"
                       if len(declined) == len(absent) else f"had not called it after {ALONE_AFTER_S:g} s"))
         if decision == "refused":
             raise CheckpointError(refusal(needs_everyone, missing))
@@ -192,17 +172,14 @@ class SaveRendezvous:
         return None
 
 
-def _in_collective(thread: int) -> bool:
-    """Whether the loop's thread waits in a torch.distributed call (a broadcast at a dataloader's new epoch, a
-    user's all_reduce): with the main process in ``save_state``, it cannot be coming to ``save_state`` itself."""
-    frame = sys._current_frames().get(thread)
-    for _ in range(64):
-        if frame is None:
-            return False
-        if frame.f_code.co_filename.endswith(_COLLECTIVES_FILE):
-            return True
-        frame = frame.f_back
-    return False
+def _collectives_issued() -> int | None:
+    """How many collectives this process has issued on the default process group (torch counts them per group);
+    None where the backend does not say."""
+    try:
+        counter = getattr(dist.distributed_c10d._get_default_group(), "_get_sequence_number_for_group", None)
+        return None if counter is None else int(counter())
+    except (RuntimeError, ValueError):
+        return None
 
 
 def _answers(store: Any, number: int, others: range) -> dict[int, str]:

@@ -6,7 +6,7 @@ the complete checkpoint with the highest N of the first convention that has any 
 skipped, with a warning); resuming from the latest automatically takes the newest one that also verifies
 (sizes and checksums), so one damaged checkpoint costs the steps since the one before it, not the run. When torchelastic restarts a job's workers (``trainkit launch --max_restarts``),
 the unchanged script resumes from the latest by itself, or starts afresh when none was written yet.
-Folders are listed and verified through the run's storage backend (:class:`~.storage.CheckpointIO`), so a
+Folders are listed and verified through the run's storage backend (:class:`~.storage.base.CheckpointStorage`), so a
 backend that writes elsewhere is also where resuming looks.
 """
 

@@ -44,11 +44,6 @@ class StagedCheckpoint:
         """The backend the checkpoint is written to."""
         return self.sink.storage
 
-    @property
-    def asynchronous(self) -> bool:
-        """True while an asynchronous save is captured (tensors are staged and written in the background)."""
-        return self.sink.defers
-
     def file(self, name: str) -> str:
         """The location of the file ``name`` inside the checkpoint."""
         return self.storage.join(self.path, name)

@@ -11,8 +11,6 @@ through another backend: one file implementing :class:`.base.CheckpointStorage`.
 
 from __future__ import annotations
 
-from typing import Any
-
 from .base import CheckpointStorage
 from .manifest import CheckpointEntry
 from .node_local import NodeLocalStorage
@@ -27,11 +25,5 @@ AtomicPosixIO = SharedFolderStorage
 DEFAULT_CHECKPOINT_IO: CheckpointStorage = SharedFolderStorage()
 
 
-def checkpoint_io_of(owner: Any) -> CheckpointStorage:
-    """The storage an Accelerator was told to use (``checkpoint_storage``), else the shared-folder default."""
-    chosen = getattr(owner, "checkpoint_storage", None)
-    return DEFAULT_CHECKPOINT_IO if chosen is None else chosen
-
-
 __all__ = ["AtomicPosixIO", "CheckpointEntry", "CheckpointIO", "CheckpointStorage", "DEFAULT_CHECKPOINT_IO",
-           "NodeLocalStorage", "Ranks", "SharedFolderStorage", "checkpoint_io_of", "storage_for", "url_scheme"]
+           "NodeLocalStorage", "Ranks", "SharedFolderStorage", "storage_for", "url_scheme"]

@@ -129,8 +129,10 @@ class Ranks:
         if problems:
             raise error(prefix + "; ".join(problems))
 
-    def raise_if_any_failed(self, failures: list[str | None], action: str) -> None:
-        """``failures``: gathered error strings or None; raise one error naming every failing rank if any."""
+    @staticmethod
+    def raise_if_any_failed(failures: list[str | None], action: str) -> None:
+        """``failures``: every process's error string or None (:meth:`gather_all`); raise one error naming every
+        failing rank if any."""
         named = [f"rank {rank}: {error}" for rank, error in enumerate(failures) if error]
         if named:
             raise CheckpointError(f"Could not {action}: " + "; ".join(named))

@@ -30,11 +30,6 @@ def local_path(location: str) -> str:
     return _URL.sub("", str(location), count=1) if url_scheme(location) in LOCAL_SCHEMES else str(location)
 
 
-def is_local(location: str) -> bool:
-    """Whether ``location`` is on this machine's file system (a path or a ``file://`` URL)."""
-    return url_scheme(location) in (None, *LOCAL_SCHEMES)
-
-
 def check_object_store(scheme: str, location: str) -> None:
     """Refuse, by name, a URL no backend handles (fsspec has no such filesystem, or its package is missing)."""
     try:
