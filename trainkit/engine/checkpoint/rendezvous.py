@@ -16,6 +16,7 @@ made alone is told so and goes on.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import threading
@@ -34,7 +35,7 @@ ALONE_AFTER_S = 5.0
 decline as soon as their loop issues its next collective, or reaches ``load_state`` or ``end_training``)."""
 _KEY = "trainkit/save_state/"
 _POLL_S = 0.002
-_WATCH_TIMEOUT = datetime.timedelta(seconds=60)
+_WATCH_TIMEOUT = datetime.timedelta(seconds=0.5)
 
 
 def _base_store() -> Any:
@@ -61,6 +62,16 @@ class SaveRendezvous:
         """The last save number this process joined or declined."""
         self._lock = threading.Lock()
         self._watching: bool | None = None
+        self._watcher: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its Accelerator: the count only (no lock, thread or connection)."""
+        return {"_handled": self._handled}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+        self._handled = state["_handled"]
 
     def watch(self) -> None:
         """On a process other than the main one: start the watcher (once; cheap after). Called when objects are
@@ -105,20 +116,28 @@ class SaveRendezvous:
             logger.debug("No watcher for main-process-only saves: %s", error)
             return
         self._watching = True
-        threading.Thread(target=self._watch, args=(client, dist.get_rank()), name="trainkit-save-rendezvous",
-                         daemon=True).start()
+        self._watcher = threading.Thread(target=self._watch, args=(client, dist.get_rank()),
+                                         name="trainkit-save-rendezvous", daemon=True)
+        self._watcher.start()
+        atexit.register(self._stop_watching)
+
+    def _stop_watching(self) -> None:
+        """At exit: end the watcher while the interpreter still runs (a thread caught inside the store's C++ code
+        by the interpreter's shutdown would abort the process)."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
 
     def _watch(self, client: Any, rank: int) -> None:
-        while True:
+        while not self._stop.is_set():
             with self._lock:
                 number = self._handled + 1
             try:
                 client.wait([f"{_KEY}{number}/opened"], _WATCH_TIMEOUT)
                 opened_at = int(client.get(f"{_KEY}{number}/opened"))
             except Exception:  # a timeout (nothing opened yet), or the job ending: look again
-                time.sleep(0.1)
                 continue
-            while True:
+            while not self._stop.is_set():
                 with self._lock:
                     if self._handled >= number:
                         break  # this process's loop joined (or declined) it
