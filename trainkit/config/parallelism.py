@@ -169,8 +169,9 @@ class ParallelismConfig:
         if self.cp_size != 1 and self.sp_size != 1:
             raise ConfigError(f"ParallelismConfig(cp_size={self.cp_size}, sp_size={self.sp_size}): context and "
                               "sequence parallelism both split the sequence; set one of them to 1.")
-        self.cp_handler = _handler(self.cp_handler, TorchContextParallelConfig, CP_SETTINGS, self.cp_size, "cp")
-        self.sp_handler = _handler(self.sp_handler, DeepSpeedSequenceParallelConfig, SP_SETTINGS, self.sp_size, "sp")
+        # A handler belongs to a dimension that is on: above 1, or -1 (the rest, known once resolved).
+        self.cp_handler = _handler(self.cp_handler, TorchContextParallelConfig, CP_SETTINGS, self.cp_size != 1, "cp")
+        self.sp_handler = _handler(self.sp_handler, DeepSpeedSequenceParallelConfig, SP_SETTINGS, self.sp_size != 1, "sp")
 
     # -- Accelerate's read-only views ---------------------------------------------------------------
     @property
@@ -319,10 +320,10 @@ class ParallelismConfig:
         return {LAUNCH_PREFIX + name: value for name, value in self.to_dict().items()}
 
 
-def _handler(handler: Any, ours: type, settings: tuple[str, ...], size: int, dimension: str) -> Any:
+def _handler(handler: Any, ours: type, settings: tuple[str, ...], on: bool, dimension: str) -> Any:
     """The handler as trainkit's class (Accelerate's object is read by its fields); a default one when the
     dimension is on; None, with a warning, for settings of a dimension of size 1 (they would do nothing)."""
-    if size == 1:
+    if not on:
         if handler is not None:
             warnings.warn(f"ParallelismConfig.{dimension}_handler is set but {dimension}_size is 1: it has no effect.",
                           UserWarning, stacklevel=4)

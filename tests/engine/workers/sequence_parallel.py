@@ -206,6 +206,7 @@ def ring_on_cpu() -> dict:
     found: dict = {}
     mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("cp",))
     query, key, value = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
     try:
         with context_parallel(mesh, buffers=[query, key, value], buffer_seq_dims=[2, 2, 2],
                               no_restore_buffers={query, key, value}):
@@ -213,6 +214,8 @@ def ring_on_cpu() -> dict:
         found["torch"] = "ran"
     except Exception as error:  # the finding: which error torch raises
         found["torch"] = f"{type(error).__name__}: {error}"
+    finally:  # torch 2.11 leaves SDPA patched when the body raises (2.13 restores it)
+        torch.nn.functional.scaled_dot_product_attention = sdpa
     try:
         Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=2, cp_size=2))
         found["trainkit"] = "accepted"

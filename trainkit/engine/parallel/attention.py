@@ -30,7 +30,7 @@ own), flex attention needs block masks built for the whole sequence."""
 
 def text_config(model: nn.Module) -> Any:
     """The model's (text) config: where heads and layer types are."""
-    config = getattr(model, "config", None)
+    config: Any = getattr(model, "config", None)
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
@@ -62,7 +62,7 @@ def check_model(model: nn.Module, dimension: str) -> None:
 def inner_implementation(model: nn.Module, requested: str | None) -> str:
     """The implementation run on the gathered sequence: the requested one, else the model's own when it can be
     given one (sdpa, flash attention), else sdpa."""
-    current = getattr(model.config, "_attn_implementation", None)
+    current = getattr(getattr(model, "config", None), "_attn_implementation", None)
     name = requested or (current if current and current not in UNSPLITTABLE and not current.startswith("trainkit_")
                          else "sdpa")
     if name in UNSPLITTABLE:
@@ -96,7 +96,7 @@ def register(model: nn.Module, name: str, function: Callable[..., Any], inner: s
 
     AttentionInterface.register(name, function)
     AttentionMaskInterface.register(name, mask)
-    model.config._attn_implementation = name
+    model.config._attn_implementation = name  # type: ignore[union-attr]
 
 
 def refuse_mask(attention_mask: Any, dimension: str) -> None:
@@ -116,8 +116,8 @@ def key_value_groups(module: nn.Module, groups: int) -> Iterator[None]:
     if saved is None or saved == groups:
         yield
         return
-    module.num_key_value_groups = groups
+    setattr(module, "num_key_value_groups", groups)
     try:
         yield
     finally:
-        module.num_key_value_groups = saved
+        setattr(module, "num_key_value_groups", saved)

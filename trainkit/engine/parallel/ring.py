@@ -47,9 +47,10 @@ def torch_ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     from torch.distributed.tensor import DTensor, Shard
 
     placement = [Shard(2)]
-    shards = [DTensor.from_local(tensor.contiguous(), mesh, placement, run_check=False) for tensor in (query, key, value)]
-    output = nn.functional.scaled_dot_product_attention(*shards, is_causal=True, scale=scale)
-    return output.to_local()
+    query, key, value = (DTensor.from_local(tensor.contiguous(), mesh, placement, run_check=False)
+                         for tensor in (query, key, value))
+    output = nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
+    return output.to_local() if isinstance(output, DTensor) else output
 
 
 RING_KERNELS: dict[str, RingKernel] = {"cuda": torch_ring_attention}

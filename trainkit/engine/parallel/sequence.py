@@ -84,7 +84,9 @@ class SequenceSplit:
             return None
         if args:  # inputs given by position: name them, to find the sequence tensors
             kwargs = dict(self._signature.bind_partial(*args, **kwargs).arguments)
-            kwargs.update(kwargs.pop(_var_keyword(self._signature), None) or {})
+            extra = _var_keyword(self._signature)
+            if extra is not None:
+                kwargs.update(kwargs.pop(extra, None) or {})
         split = self.split(kwargs)
         if "use_cache" in self._signature.parameters:
             # A key/value cache of one rank's positions means nothing, and activation checkpointing's recompute

@@ -49,8 +49,8 @@ class ContiguousLayout:
 def check_heads(model: nn.Module, sp: int, tp: int) -> None:
     """Query heads per TP rank divisible by sp; key/value heads divisible by sp, or dividing it."""
     config = attention.text_config(model)
-    heads = getattr(config, "num_attention_heads", None)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    heads = int(getattr(config, "num_attention_heads", None) or 0)
+    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     if not heads:
         raise ConfigError(f"sp_size={sp}: {type(model).__name__}'s config has no num_attention_heads to split.")
     local, local_kv = heads // tp, kv_heads // tp
