@@ -15,6 +15,10 @@ Modes (argv[1]):
   different lengths (items differ per rank and per micro-batch), and the same Trainer under SP4.
 * ``single OUT`` (one plain process): the Trainer reference (no ParallelismConfig), and SP2 x FSDP2's checkpoint
   resumed on this one process.
+* ``gpu OUT`` (torchrun, 2 processes with a GPU each, NCCL): CP2 with torch's own ring attention on CUDA kernels
+  (both ``cp_comm_strategy`` values) and SP2, against the one-process reference on the GPU.
+* ``gpu_kernel OUT`` (torchrun, 1 process, one GPU): trainkit's call into torch's ring attention on a 1-rank mesh
+  against SDPA, forward and gradients, fp32 and bf16.
 Each writes ``OUT/<mode>.pt`` on its main process.
 """
 
@@ -60,12 +64,13 @@ def dataset(samples: int) -> TensorDataset:
     return TensorDataset(torch.randint(0, VOCAB, (samples, SEQ), generator=generator))
 
 
-def reference() -> dict:
+def reference(device: str = "cpu") -> dict:
     """One process, plain torch: micro-batches of GLOBAL samples, loss / ACCUMULATION, clip, AdamW."""
-    model = build_model()
+    model = build_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     losses, norms = [], []
     for index, (ids,) in enumerate(DataLoader(dataset(GLOBAL * ACCUMULATION * STEPS), batch_size=GLOBAL)):
+        ids = ids.to(device)
         loss = model(input_ids=ids, labels=ids).loss
         (loss / ACCUMULATION).backward()
         losses.append(float(loss))
@@ -75,9 +80,10 @@ def reference() -> dict:
             optimizer.zero_grad()
     with torch.no_grad():
         model.eval()
-        evaluated = float(model(input_ids=dataset(4).tensors[0], labels=dataset(4).tensors[0]).loss)
-    return {"losses": losses, "norms": norms, "params": {k: v.clone() for k, v in model.state_dict().items()},
-            "eval": evaluated}
+        ids = dataset(4).tensors[0].to(device)
+        evaluated = float(model(input_ids=ids, labels=ids).loss)
+    return {"losses": losses, "norms": norms, "eval": evaluated,
+            "params": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}}
 
 
 def accelerator_run(accelerator: Accelerator, *, save_to: Path | None = None, resume: Path | None = None) -> dict:
@@ -111,7 +117,8 @@ def accelerator_run(accelerator: Accelerator, *, save_to: Path | None = None, re
     from torch.distributed.tensor.experimental._attention import _cp_options
 
     dims = accelerator.parallel_dims
-    return {"losses": losses, "norms": norms, "params": accelerator.get_state_dict(model), "eval": evaluated,
+    params = {name: tensor.cpu() for name, tensor in accelerator.get_state_dict(model).items()}
+    return {"losses": losses, "norms": norms, "params": params, "eval": evaluated,
             "layout": dims.describe() if dims is not None else "one process",
             "attention": model.config._attn_implementation, "rotate_method": _cp_options.rotate_method.name}
 
@@ -224,13 +231,39 @@ def ring_on_cpu() -> dict:
     return found
 
 
+def torch_ring_on_one_gpu() -> dict:
+    """torch's ring attention through trainkit's kernel on a 1-rank cp mesh (one GPU) against SDPA: forward and
+    gradients, fp32 and bf16 (the ring with one rank is one block: this checks torch's dispatch path runs)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from trainkit.engine.parallel import ring
+
+    ring.enable_torch_ring("allgather")
+    mesh = init_device_mesh("cuda", (1,), mesh_dim_names=("cp",))
+    errors = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        torch.manual_seed(0)
+        tensors = [torch.randn(2, 4, 256, 32, device="cuda", dtype=dtype) for _ in range(3)]
+        weights = torch.randn(2, 4, 256, 32, device="cuda", dtype=dtype)
+        grads = []
+        for attention in ("sdpa", "ring"):
+            inputs = [tensor.clone().requires_grad_() for tensor in tensors]
+            output = (torch.nn.functional.scaled_dot_product_attention(*inputs, is_causal=True) if attention == "sdpa"
+                      else ring.torch_ring_attention(*inputs, scale=None, mesh=mesh))
+            (output.float() * weights).sum().backward()
+            grads.append([output.detach().float()] + [tensor.grad.float() for tensor in inputs])
+        errors[str(dtype)] = max(float((ring_ - sdpa).norm() / sdpa.norm()) for sdpa, ring_ in zip(*grads))
+    return errors
+
+
 def main(mode: str, out: Path) -> None:
     from trainkit.engine.parallel import ring
 
     results: dict = {}
     if mode == "layouts":
         results["ring_on_cpu"] = ring_on_cpu()
-    ring.RING_KERNELS["cpu"] = cpu_ring_attention  # torch's ring algorithm with the CPU block kernel
+    if mode in ("layouts", "launched", "single"):
+        ring.RING_KERNELS["cpu"] = cpu_ring_attention  # torch's ring algorithm with the CPU block kernel
     if mode == "layouts":
         for name, layout in LAYOUTS.items():
             accelerator = Accelerator(parallelism_config=ParallelismConfig(**layout),
@@ -252,6 +285,18 @@ def main(mode: str, out: Path) -> None:
         results["trainer"] = trainer_run(out, None, data_parallel=1)
         results["resumed"] = accelerator_run(Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION),
                                              resume=out / "sp2_fsdp2_checkpoint")
+    elif mode == "gpu":  # 2 processes, one GPU each: torch's own ring attention (CUDA kernels), NCCL
+        for name in ("cp2", "cp2_alltoall", "sp2"):
+            layout = dict(cp_size=2) if name.startswith("cp") else dict(sp_size=2)
+            if name == "cp2_alltoall":
+                layout["cp_handler"] = {"cp_comm_strategy": "alltoall"}
+            accelerator = Accelerator(parallelism_config=ParallelismConfig(**layout),
+                                      gradient_accumulation_steps=ACCUMULATION)
+            results[name] = accelerator_run(accelerator)
+        if Accelerator().is_main_process:
+            results["reference"] = reference("cuda")
+    elif mode == "gpu_kernel":  # 1 process, one GPU
+        results["errors"] = torch_ring_on_one_gpu()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     if Accelerator().is_main_process:

@@ -83,19 +83,25 @@ def check_device(device_type: str) -> None:
                           "(sp_size), which splits sequences the same way with torch's all-to-all.")
 
 
-def install(model: nn.Module, mesh: DeviceMesh, comm_strategy: str) -> None:
-    """Turn on torch's context-parallel dispatch with ``comm_strategy`` and point the model at the ring function."""
+def enable_torch_ring(comm_strategy: str) -> None:
+    """Turn on torch's context-parallel SDPA dispatch for this process, rotating key/value shards by
+    ``comm_strategy``, for inputs in the head-tail layout. It stays on: backward passes through the same handlers."""
     from torch.distributed.tensor.experimental._attention import (
         _cp_options,
         _enable_context_parallel_dispatcher,
         set_rotate_method,
     )
 
+    set_rotate_method(comm_strategy)
+    _cp_options.enable_load_balance = True
+    _enable_context_parallel_dispatcher()
+
+
+def install(model: nn.Module, mesh: DeviceMesh, comm_strategy: str) -> None:
+    """Turn on torch's ring attention with ``comm_strategy`` and point the model at the ring function."""
     check_device(mesh.device_type)
     kernel = RING_KERNELS[mesh.device_type]
-    set_rotate_method(comm_strategy)
-    _cp_options.enable_load_balance = True  # the head-tail layout the inputs are cut in
-    _enable_context_parallel_dispatcher()  # stays on: backward passes through the same handlers
+    enable_torch_ring(comm_strategy)
 
     def ring_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                        attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
