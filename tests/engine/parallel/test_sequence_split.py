@@ -133,3 +133,14 @@ def test_the_inner_attention_is_the_models_own_or_sdpa() -> None:
 def test_context_parallelism_on_cpu_is_refused_with_torchs_reason() -> None:
     with pytest.raises(ConfigError, match="cp_size > 1 on cpu.*_scaled_dot_product_flash_attention_for_cpu.*sp_size"):
         ring.check_device("cpu")
+
+
+def test_the_trainer_refuses_label_smoothing_over_split_sequences(tmp_path) -> None:
+    """The smoothed loss is computed outside the model, on whole-sequence labels: refused when arguments are built."""
+    from trainkit import ParallelismConfig, TrainingArguments
+
+    with pytest.raises(ConfigError, match="label_smoothing_factor=0.1.*cp_size/sp_size"):
+        TrainingArguments(output_dir=str(tmp_path), use_cpu=True, label_smoothing_factor=0.1,
+                          parallelism_config=ParallelismConfig(sp_size=2))
+    TrainingArguments(output_dir=str(tmp_path), use_cpu=True, label_smoothing_factor=0.1,
+                      parallelism_config=ParallelismConfig(tp_size=2))
