@@ -144,3 +144,39 @@ def test_the_trainer_refuses_label_smoothing_over_split_sequences(tmp_path) -> N
                           parallelism_config=ParallelismConfig(sp_size=2))
     TrainingArguments(output_dir=str(tmp_path), use_cpu=True, label_smoothing_factor=0.1,
                       parallelism_config=ParallelismConfig(tp_size=2))
+
+
+class _Echo(nn.Module):
+    """Keeps what its forward received; calls the split attention hook only when told to."""
+
+    def __init__(self, attends: bool) -> None:
+        super().__init__()
+        self.attends = attends
+
+    def forward(self, input_ids=None, labels=None, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        from trainkit.engine.parallel import sequence
+
+        self.seen = {"input_ids": input_ids, **kwargs}
+        if self.attends:
+            sequence.count_attention_call()
+        return {"logits": input_ids.float()}
+
+
+def test_the_hooks_split_positional_inputs_in_training_mode_only() -> None:
+    model = _Echo(attends=True)
+    SequenceSplit(None, ulysses.ContiguousLayout(1, 2)).attach(model)
+    ids = torch.arange(8).view(1, 8)
+    model(ids)  # positional, as scripts may call it
+    assert model.seen["input_ids"].tolist() == [[4, 5, 6, 7]] and model.seen["position_ids"].tolist() == [[4, 5, 6, 7]]
+    model.eval()
+    model(ids)
+    assert model.seen["input_ids"].tolist() == [list(range(8))] and "position_ids" not in model.seen
+
+
+def test_a_model_whose_attention_bypasses_the_interface_is_refused_after_its_first_split_forward() -> None:
+    """Each rank would attend to its own part only (recurrent layers, attention outside transformers' interface):
+    a silent error, caught on the first training forward."""
+    model = _Echo(attends=False)
+    SequenceSplit(None, ulysses.ContiguousLayout(0, 2)).attach(model)
+    with pytest.raises(ConfigError, match="without calling attention through transformers' AttentionInterface"):
+        model(input_ids=torch.arange(8).view(1, 8))

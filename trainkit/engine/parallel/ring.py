@@ -30,7 +30,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainkit.config.errors import ConfigError
-from trainkit.engine.parallel import attention
+from trainkit.engine.parallel import attention, sequence
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ def install(model: nn.Module, mesh: DeviceMesh, comm_strategy: str) -> None:
             return attention.implementation("sdpa")(module, query, key, value, attention_mask, dropout=dropout,
                                                     scaling=scaling, **kwargs)
         attention.refuse_mask(attention_mask, "cp")
+        sequence.count_attention_call()
         if dropout:
             raise ConfigError(f"cp_size > 1: attention dropout ({dropout}) is not supported by torch's ring attention; "
                               "set the model's attention_dropout to 0.")

@@ -41,6 +41,8 @@ SEQUENCE_INPUTS = ("input_ids", "inputs_embeds", "position_ids", "token_type_ids
 """Keyword inputs cut along their second dimension (``labels`` becomes this rank's shifted labels)."""
 _in_flight = 0
 """Sharded training forwards under way (the mask functions registered for our attention step aside for them)."""
+_attention_calls = 0
+"""Calls of the split attention functions so far (a split forward that makes none split a model it cannot)."""
 
 
 class SequenceLayout(Protocol):
@@ -61,6 +63,12 @@ def in_flight() -> bool:
     return _in_flight > 0
 
 
+def count_attention_call() -> None:
+    """Called by the split attention functions for every split call (see :meth:`SequenceSplit._after_forward`)."""
+    global _attention_calls
+    _attention_calls += 1
+
+
 class SequenceSplit:
     """The hooks that cut a model's training batches along the sequence and add its loss across the group."""
 
@@ -70,6 +78,7 @@ class SequenceSplit:
         self.layout = layout
         self.fixed_length = fixed_length
         """When set (``sp_seq_length_is_variable=False``), every batch must have this length."""
+        self._calls_before: int | None = None  # attention calls when the first split forward started
 
     def attach(self, model: nn.Module) -> None:
         """Register the hooks on the prepared model's root module."""
@@ -88,6 +97,8 @@ class SequenceSplit:
             if extra is not None:
                 kwargs.update(kwargs.pop(extra, None) or {})
         split = self.split(kwargs)
+        if self._calls_before is None:
+            self._calls_before = _attention_calls
         if "use_cache" in self._signature.parameters:
             # A key/value cache of one rank's positions means nothing, and activation checkpointing's recompute
             # would append to it a second time (the recomputed attention would see twice the keys).
@@ -100,10 +111,23 @@ class SequenceSplit:
         if not module.training or _in_flight == 0:
             return None
         _in_flight -= 1
+        if self._calls_before is not None and output is not None:
+            self._check_attention_ran(module)
         loss = _loss_of(output)
         if loss is None:
             return None
         return _with_loss(output, self.combine(loss))
+
+    def _check_attention_ran(self, module: nn.Module) -> None:
+        """After the first split forward: its attention went through the split functions, else each rank would
+        have attended to its own part of the sequence only (attention computed outside transformers'
+        AttentionInterface, or recurrent layers), a silent error."""
+        if _attention_calls == self._calls_before:
+            raise ConfigError(f"{type(module).__name__} computed a training forward without calling attention "
+                              "through transformers' AttentionInterface, so its split sequence was never "
+                              "gathered; sequence and context parallelism need models whose attention goes "
+                              "through it (config._attn_implementation).")
+        self._calls_before = None  # checked once
 
     # -- what they do -----------------------------------------------------------------------------
     def split(self, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -124,8 +148,9 @@ class SequenceSplit:
         if split.get("shift_labels") is None and isinstance(labels, torch.Tensor):
             split["shift_labels"] = nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
         shift_labels = split.get("shift_labels")
-        if "position_ids" not in split or split["position_ids"] is None:
-            split["position_ids"] = torch.arange(length, device=main.device).expand(batch, length)
+        if split.get("position_ids") is None:
+            split["position_ids"] = torch.arange(length, device=main.device)
+        split["position_ids"] = split["position_ids"].expand(batch, length)  # (length,) or (1, length) too
         _check_causal(split.pop("attention_mask", None), split["position_ids"], shift_labels)
         padding = -length % self.layout.multiple
         positions = self.layout.positions(length + padding, main.device)

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainkit.config.errors import ConfigError
-from trainkit.engine.parallel import attention
+from trainkit.engine.parallel import attention, sequence
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,7 @@ def install(model: nn.Module, group: dist.ProcessGroup, inner: str) -> None:
         if not module.training:
             return function(module, query, key, value, attention_mask, **kwargs)
         attention.refuse_mask(attention_mask, "sp")
+        sequence.count_attention_call()
         key, value = _repeat_kv_to(key, size), _repeat_kv_to(value, size)
         query, key, value = (_exchange(t, group, scatter_dim=1, gather_dim=2) for t in (query, key, value))
         kwargs.pop("position_ids", None)  # this rank's positions; the gathered sequence is whole and causal
