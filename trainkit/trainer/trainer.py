@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 
 from trainkit.engine.step.accumulation import accumulation_windows
 
-from . import hub, wiring
+from . import hub, hyperparameter_search as hp_search, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState)
@@ -48,19 +48,21 @@ class TrainOutput(NamedTuple):
     metrics: dict[str, float]
 
 
-class Trainer:
+class Trainer(hp_search.HyperparameterSearchMethods):
     """Train, evaluate and predict with a model on one or many processes (see docs/trainer.md).
 
     Args follow transformers' Trainer: ``model`` (or ``model_init``), ``args``, ``data_collator``,
     ``train_dataset``, ``eval_dataset`` (or a dict of them), ``processing_class``, ``compute_loss_func``,
     ``compute_metrics``, ``callbacks``, ``optimizers=(optimizer, scheduler)``,
-    ``optimizer_cls_and_kwargs`` and ``preprocess_logits_for_metrics``.
+    ``optimizer_cls_and_kwargs`` and ``preprocess_logits_for_metrics``. ``hyperparameter_search`` and its
+    hooks come from :class:`~trainkit.trainer.hyperparameter_search.HyperparameterSearchMethods`.
     """
 
     loss_is_scaled_for_ga: bool | None = None
     """True when ``compute_loss`` returns a loss already divided by ``num_items_in_batch`` (the window's item
     count on all processes); otherwise it is taken as the mean over its micro-batch and weighted here.
     None: True exactly when a ``compute_loss_func`` is given."""
+
 
     def __init__(self, model: nn.Module | None = None, args: TrainingArguments | None = None,
                  data_collator: Callable | None = None, train_dataset: Any = None, eval_dataset: Any = None,
@@ -86,11 +88,11 @@ class Trainer:
             from .hub import HubUploader
 
             self.hub = HubUploader(self.args)  # fails here, before any training, when the Hub is unreachable
+        self.model_init = model_init
         if model is None:
             if model_init is None:
                 raise ValueError("Trainer needs a model or a model_init function.")
-            model = model_init()
-        self.model_init = model_init
+            model = self.call_model_init()
         self.model = self.model_wrapped = model
         self._model_prepared = False
         self.processing_class = processing_class
@@ -281,6 +283,7 @@ class Trainer:
               ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
         """Train for ``max_steps`` or ``num_train_epochs``; resume from a checkpoint folder, or the latest with True
         (and, after a torchelastic restart, from the latest by itself unless told False)."""
+        hp_search.start_trial(self, trial)  # a trial's fresh model, arguments and engine (hyperparameter_search)
         run = functools.partial(self._train_once, resume_from_checkpoint, ignore_keys_for_eval)
         self.is_in_train = True
         self._memory_tracker.start()
@@ -304,6 +307,7 @@ class Trainer:
                                   is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         self.state.compute_steps(self.args, plan.max_steps)
+        hp_search.describe_trial(self)
         start_at = self._resume(resume_from_checkpoint, train_dataloader, plan) if resume_from_checkpoint else resume.START
         with preemption.watching(self):  # SIGTERM & co.: every rank saves one checkpoint, exits 75
             return self._training_loop(train_dataloader, plan, start_at, ignore_keys_for_eval)
@@ -480,6 +484,7 @@ class Trainer:
 
     def _evaluate_during_training(self, ignore_keys_for_eval) -> dict[str, float]:
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        self._report_to_hp_search(self._trial, self.state.global_step, metrics)  # may prune the trial
         name = self.args.metric_for_best_model
         if name is not None:
             key = name if name.startswith("eval_") else f"eval_{name}"
