@@ -84,19 +84,24 @@ def check_optimizer_name(args: Any) -> None:
     Resolved without the model: names that need it (LOMO, GaLore, APOLLO) are finished by ``create_optimizer``.
     """
     name = args.optim
+    keys = _parsed_optim_args(args.optim_args)  # a malformed string fails here, before transformers' parser does
     if name in HARDWARE_ONLY:
         needs, present = HARDWARE_ONLY[name]
         if not present():
             raise ConfigError(f"optim={name!r} in TrainingArguments needs {needs}, which this machine does not have.")
     try:
         resolved = optimizer_cls_and_kwargs(args)
-    except ImportError as error:  # transformers' message names the package and how to install it
+    except ImportError as error:  # transformers' message names the package (and how to install it)
         raise ConfigError(f"optim={name!r} in TrainingArguments needs a package that is not installed: {error}") from None
     except ValueError as error:
-        if "model" in str(error):  # the name is fine; it needs the model, which create_optimizer passes
+        message = str(error)
+        if "model" in message:  # the name is fine; it needs the model, which create_optimizer passes
             return
-        raise ConfigError(f"optim={name!r} in TrainingArguments cannot be used here: {error}") from None
-    unread = [key for key in _parsed_optim_args(args.optim_args)
+        if "install" in message:  # transformers says so with a ValueError for some names (apex, torchdistx, ...)
+            raise ConfigError(f"optim={name!r} in TrainingArguments needs a package that is not installed: "
+                              f"{message}") from None
+        raise ConfigError(f"optim={name!r} in TrainingArguments cannot be used here: {message}") from None
+    unread = [key for key in keys
               if _same_resolution(resolved, optimizer_cls_and_kwargs(args, optim_args=_without(args.optim_args, key)))]
     if unread:
         logger.warning("optim_args keys %s are not read by optim=%r (transformers' resolution of that name ignores "
@@ -185,11 +190,18 @@ def _embeddings_in_32_bits(model: nn.Module) -> None:
 
 
 def optimizer_group(trainer: Any, param: str | nn.Parameter | None = None):
-    """transformers' ``get_optimizer_group`` (its own function, which reads ``trainer.optimizer``): the param
-    group holding ``param``, else every group's parameters."""
-    from transformers.trainer_pt_utils import get_optimizer_group
-
-    return get_optimizer_group(trainer, param)
+    """transformers' ``get_optimizer_group``: the param group holding ``param`` (a parameter, or its name in the
+    Trainer's model), else every group's parameters. Matched by identity: transformers' ``param in params``
+    compares tensors by value, which raises for any parameter but a group's first."""
+    if trainer.optimizer is None:
+        raise ValueError("get_optimizer_group() needs the optimizer: call create_optimizer() first.")
+    if isinstance(param, str):
+        param = dict(trainer.model.named_parameters()).get(param)
+    if param is not None:
+        for group in trainer.optimizer.param_groups:
+            if any(p is param for p in group["params"]):
+                return group
+    return [group["params"] for group in trainer.optimizer.param_groups]
 
 
 def backward_kwargs(optimizer: Any, scheduler: Any) -> dict[str, Any]:
