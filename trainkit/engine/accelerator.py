@@ -319,12 +319,13 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
                                                   self.strategy.data_parallel_size)
         learning_rate = kwargs.pop("learning_rate", None)
         if learning_rate is not None:
-            fused = [opt.optimizer for opt in self._optimizers if callable(getattr(opt.optimizer, "fused_backward", None))]
-            if not fused:
+            fused_backwards: list[Any] = [getattr(opt.optimizer, "fused_backward", None) for opt in self._optimizers]
+            fused_backwards = [step for step in fused_backwards if callable(step)]
+            if not fused_backwards:
                 raise ValueError("backward(learning_rate=...) is for LOMO optimizers (lomo-optim's Lomo/AdaLomo), "
                                  "and none was passed to prepare().")
-            for optimizer in fused:
-                optimizer.fused_backward(loss, learning_rate)
+            for fused_backward in fused_backwards:
+                fused_backward(loss, learning_rate)
             return
         self.precision.backward(loss, **kwargs)
 

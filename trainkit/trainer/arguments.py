@@ -468,7 +468,7 @@ def _load_fsdp_config(value: Any):
 def reject_unknown_keywords(cls: type) -> None:
     """Wrap ``cls.__init__`` (a TrainingArguments dataclass, after ``@dataclass`` made it) so an unknown keyword is
     named with a did-you-mean instead of a bare TypeError."""
-    init = cls.__init__
+    init = getattr(cls, "__init__")  # the dataclass-made one
     names = [f.name for f in dataclasses.fields(cls) if f.init]
 
     @functools.wraps(init)
@@ -487,7 +487,7 @@ def reject_unknown_keywords(cls: type) -> None:
             raise UnknownArgumentError(f"{cls.__name__} got an unknown argument {key!r}.{hint}")
         init(self, *args, **kwargs)
 
-    cls.__init__ = checked_init  # type: ignore[method-assign]
+    setattr(cls, "__init__", checked_init)
 
 
 reject_unknown_keywords(TrainingArguments)

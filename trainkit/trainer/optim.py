@@ -181,9 +181,9 @@ def create_optimizer(trainer: Any, model: nn.Module) -> torch.optim.Optimizer:
 
 def _embeddings_in_32_bits(model: nn.Module) -> None:
     # As transformers does for 8-bit bitsandbytes optimizers: embeddings keep 32-bit optimizer states.
-    import bitsandbytes
+    import importlib
 
-    manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
+    manager = importlib.import_module("bitsandbytes").optim.GlobalOptimManager.get_instance()
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             manager.register_module_override(module, "weight", {"optim_bits": 32})

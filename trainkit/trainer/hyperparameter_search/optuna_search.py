@@ -21,7 +21,8 @@ def run_optuna(trainer: Any, n_trials: int, direction: str | list[str], **kwargs
         return None
     optimize = {name: kwargs.pop(name) for name in ("timeout", "n_jobs", "gc_after_trial", "catch") if name in kwargs}
     several = isinstance(direction, list)
-    study = optuna.create_study(direction=None if several else direction, directions=direction if several else None,
+    directions: Any = direction  # "minimize"/"maximize", checked by hyperparameter_search
+    study = optuna.create_study(direction=None if several else directions, directions=directions if several else None,
                                 **kwargs)
 
     def objective(trial: optuna.Trial) -> Any:
@@ -34,7 +35,7 @@ def run_optuna(trainer: Any, n_trials: int, direction: str | list[str], **kwargs
     if several:
         return [BestRun(str(best.number), best.values, best.params) for best in study.best_trials]
     best = study.best_trial
-    return BestRun(str(best.number), best.value, best.params)
+    return BestRun(str(best.number), best.value if best.value is not None else float("nan"), best.params)
 
 
 def _train_trial(trainer: Any, trial: Any) -> Any:

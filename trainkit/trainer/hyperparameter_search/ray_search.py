@@ -67,4 +67,6 @@ def run_ray(trainer: Any, n_trials: int, direction: str, **kwargs: Any) -> Any:
     finally:
         trainer.model, trainer.model_wrapped = model, wrapped
     best = analysis.get_best_trial(metric="objective", mode=direction[:3], scope=os.getenv("RAY_SCOPE", "last"))
+    if best is None:
+        raise RuntimeError("Ray Tune finished no trial that reported an objective.")
     return BestRun(best.trial_id, best.last_result["objective"], best.config, analysis)

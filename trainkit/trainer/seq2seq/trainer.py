@@ -100,8 +100,9 @@ class Seq2SeqTrainer(Trainer):
                 del call_kwargs[name]
         # Sharded parameters: every rank runs as many forward passes as the longest generation needs.
         call_kwargs.setdefault("synced_gpus", self.accelerator.strategy.capabilities.shards_parameters)
+        generator: Any = self.model  # a transformers model (GenerationMixin)
         with torch.no_grad():
-            generated = self.model.generate(**_generation_inputs(inputs), **call_kwargs)
+            generated = generator.generate(**_generation_inputs(inputs), **call_kwargs)
         target_length = self._padded_generation_length()
         if generated.shape[-1] < target_length:
             generated = self._pad_tensors_to_max_len(generated, target_length)
@@ -116,7 +117,7 @@ class Seq2SeqTrainer(Trainer):
     def _padded_generation_length(self) -> int:
         """The length generated ids and labels are padded to: the model's generation config's ``max_length``
         (with transformers' defaults filled in), or ``max_new_tokens + 1`` when that is longer."""
-        config = self.model.generation_config
+        config: Any = self.model.generation_config
         if config._from_model_config:  # generate() would otherwise rebuild it from the model config every batch
             config._from_model_config = False
         config.update(**config._get_default_generation_params(), defaults_only=True)
