@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 
 from trainkit.engine.step.accumulation import accumulation_windows
 
-from . import hub, hyperparameter_search as hp_search, wiring
+from . import hub, hyperparameter_search as hp_search, optim, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState)
@@ -33,7 +33,6 @@ from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_
 from .evaluation import EvalLoopOutput, PredictionOutput, evaluation_loop as run_evaluation_loop, speed_metrics
 from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import scheduler_from_config
-from . import optim
 from .optim import build_scheduler
 from .plan import TrainingPlan, length_or_none, loader_epoch, training_plan
 
@@ -62,7 +61,6 @@ class Trainer(hp_search.HyperparameterSearchMethods):
     """True when ``compute_loss`` returns a loss already divided by ``num_items_in_batch`` (the window's item
     count on all processes); otherwise it is taken as the mean over its micro-batch and weighted here.
     None: True exactly when a ``compute_loss_func`` is given."""
-
 
     def __init__(self, model: nn.Module | None = None, args: TrainingArguments | None = None,
                  data_collator: Callable | None = None, train_dataset: Any = None, eval_dataset: Any = None,

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .backends import backend_named
 from torch import nn
 
+from .backends import backend_named
 from .trial import (call_model_init, describe_trial, hp_search_setup, report_to_hp_search, run_output_dir,
                     save_for_tune, start_trial)
 
