@@ -101,6 +101,7 @@ def run_ray(lib_name: str, output_dir: str) -> dict:
     return {"best": [best.objective, best.hyperparameters], "trials": trials}
 
 
-if __name__ == "__main__":  # python search_task.py LIB OUTPUT_DIR RESULT_JSON: a Ray Tune search
-    with open(sys.argv[3], "w") as handle:
-        json.dump(run_ray(sys.argv[1], sys.argv[2]), handle)
+if __name__ == "__main__":  # python search_task.py OUTPUT_DIR RESULT_JSON: the Ray Tune search of both Trainers
+    results = {lib: run_ray(lib, f"{sys.argv[1]}/{lib}") for lib in ("transformers", "trainkit")}  # one Ray start
+    with open(sys.argv[2], "w") as handle:
+        json.dump(results, handle)
