@@ -10,6 +10,7 @@ import importlib.util
 import json
 import logging
 import os
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ import transformers
 from transformers.trainer_utils import BestRun
 
 import trainkit
-from tests.distributed import run_python
+from tests.distributed import run_python, run_torchrun
 from tests.trainer.hyperparameter_search import search_task
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -72,6 +73,20 @@ def test_ray_tune_search_runs_the_trials_transformers_runs(tmp_path):
     assert ours["best"][0] == pytest.approx(theirs["best"][0], rel=1e-6) and ours["best"][1] == theirs["best"][1]
     trial_folders = [name for name in os.listdir(tmp_path / "trainkit") if name.startswith("run-")]
     assert len(trial_folders) == 4  # run-{Ray trial id}, one per trial
+
+
+@pytest.mark.multiprocess
+def test_optuna_search_on_two_processes_trains_each_trial_on_both(tmp_path):
+    """2 gloo processes: the main process runs the study and returns the BestRun, the other None; both trained
+    every trial with the same arguments, those a one-process study proposes with the same seed."""
+    run_torchrun(Path(search_task.__file__).with_name("optuna_worker.py"), str(tmp_path), timeout=400)
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert ranks[0]["world_size"] == 2 and ranks[0]["best"] is not None and ranks[1]["best"] is None
+    assert (ranks[0]["learning_rate"], ranks[0]["batch_size"]) == (ranks[1]["learning_rate"], ranks[1]["batch_size"])
+    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
+    proposals = [search_task.optuna_space(study.ask()) for _ in range(2)]
+    assert ranks[0]["learning_rate"] == proposals[-1]["learning_rate"]  # the last trial's arguments stay set
+    assert ranks[0]["best"][2] in proposals
 
 
 def test_call_model_init_with_or_without_the_trial(tmp_path):
