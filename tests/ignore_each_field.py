@@ -30,13 +30,12 @@ def cases() -> list:
 @pytest.fixture(scope="module", autouse=True)
 def summary(request):
     yield
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and OUTCOMES:
-        reporter.write_line("")
-        reporter.write_line(f"ignore-one-field: {len(OUTCOMES)} settings run")
-        for outcome in sorted(set(OUTCOMES.values())):
-            names = sorted(name for name, seen in OUTCOMES.items() if seen == outcome)
-            reporter.write_line(f"  {outcome}: {len(names)}: {', '.join(names)}")
+    lines = [f"ignore-one-field: {len(OUTCOMES)} settings run"]
+    for outcome in sorted(set(OUTCOMES.values())):
+        names = sorted(name for name, seen in OUTCOMES.items() if seen == outcome)
+        lines.append(f"  {outcome}: {len(names)}: {', '.join(names)}")
+    with request.config.pluginmanager.get_plugin("capturemanager").global_and_fixture_disabled():
+        print("\n" + "\n".join(lines))
 
 
 @pytest.mark.parametrize("setting, proof", cases())

@@ -254,6 +254,8 @@ class TrainingArguments(ProcessAttributes):
         self.gradient_checkpointing = bool(self.gradient_checkpointing)
         if self.torch_compile_backend is not None or self.torch_compile_mode is not None:
             self.torch_compile = True
+        if self.torch_compile and self.torch_compile_backend is None:
+            self.torch_compile_backend = "inductor"  # as transformers records it
         if self.eval_strategy != "no":
             self.do_eval = True
         if self.disable_tqdm is None:
@@ -427,7 +429,7 @@ class TrainingArguments(ProcessAttributes):
         result = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name.endswith("_token") and value is not None:
+            if f.name.endswith("_token"):  # masked even when unset, as transformers does
                 value = f"<{f.name.upper()}>"
             result[f.name] = value
         return result

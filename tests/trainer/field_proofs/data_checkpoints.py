@@ -107,11 +107,6 @@ def p_use_cpu(tmp_path):
     assert devices == {"cpu"}
 
 
-class WithNote(RegressionData):
-    def __getitem__(self, index):
-        return {**super().__getitem__(index), "note": torch.tensor(index)}
-
-
 class TakesAnything(DropoutRegressor):
     def __init__(self):
         super().__init__()
@@ -123,11 +118,16 @@ class TakesAnything(DropoutRegressor):
 
 
 def p_remove_unused_columns(tmp_path):
+    """A datasets.Dataset column the forward does not name reaches it (by default the column is dropped)."""
+    from datasets import Dataset
+
+    data = RegressionData()
+    columns = {"x": data.x.tolist(), "labels": data.y.tolist(), "note": list(range(len(data)))}
     model = TakesAnything()
     trainer = quick(tmp_path, model_init=lambda: model, remove_unused_columns=False, max_steps=1)
-    trainer.train_dataset = WithNote()
+    trainer.train_dataset = Dataset.from_dict(columns).with_format("torch")
     trainer.train()
-    assert model.keys == {"note"}  # by default a column the forward does not name is dropped
+    assert model.keys == {"note"}
 
 
 def p_train_sampling_strategy(tmp_path):
