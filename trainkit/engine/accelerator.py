@@ -231,8 +231,12 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     @property
     def even_batches(self) -> bool:
-        """Whether the last global batch is padded so every process gets one."""
+        """Whether the last global batch is padded so every process gets one (settable, as in Accelerate)."""
         return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
 
     @property
     def project_dir(self) -> str | None:
