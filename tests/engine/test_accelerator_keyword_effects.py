@@ -107,7 +107,8 @@ def p_project_dir(tmp_path):
     accelerator.init_trackers("run")
     accelerator.log({"loss": 1.0}, step=1)
     accelerator.end_training()
-    assert (tmp_path / "project" / "run" / "metrics.jsonl").read_text().count('"loss": 1.0') == 1
+    log = tmp_path / "project" / "run" / "metrics.jsonl"
+    assert log.is_file() and log.read_text().count('"loss": 1.0') == 1
 
 
 def p_project_config(tmp_path):

@@ -334,7 +334,7 @@ def p_neftune(tmp_path):
 
     def hook(module, inputs, output):
         if module.training:
-            noise.append(float((output - module.weight[inputs[0]]).abs().max()))
+            noise.append(float((output - module.weight[inputs[0]]).detach().abs().max()))
 
     class WatchEmbeddings(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):

@@ -62,13 +62,13 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step_was_skipped(self, value: bool) -> None:
         self._step_was_skipped = value
 
-    @property
-    def state(self) -> dict:  # type: ignore[override]
+    @property  # type: ignore[override]
+    def state(self) -> dict:
         return self.optimizer.state
 
     @state.setter
     def state(self, value: dict) -> None:
-        self.optimizer.state = value
+        self.optimizer.state = value  # type: ignore[assignment]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
