@@ -240,8 +240,8 @@ def test_state_module_helpers():
 
     ProcessState.reset()
     assert is_initialized() is False
-    Accelerator(cpu=True)
-    assert is_initialized() is True and do_nothing(1, key=2) is None
+    accelerator = Accelerator(cpu=True)  # held: the state lives as long as an accelerator does
+    assert is_initialized() is True and accelerator.is_main_process and do_nothing(1, key=2) is None
     AcceleratorState._reset_state()
     assert is_initialized() is False
 
