@@ -4,11 +4,9 @@ best model and resuming (CPU, one process)."""
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -16,7 +14,7 @@ from tests.trainer.checkpoint_workload import RegressionData, DropoutRegressor, 
 from tests.trainer.helpers import EchoModel
 from trainkit import Trainer, TrainerCallback, TrainingArguments
 
-from .common import calls_of, quick, record_forwards, training_samples
+from .common import calls_of, logged, quick, record_forwards, training_samples
 
 HERE = Path(__file__).resolve().parent
 
@@ -268,37 +266,39 @@ def p_enable_jit_checkpoint(tmp_path):
 
 # --- the best model --------------------------------------------------------------------------------------------------
 def best_model_run(tmp_path, scores, **fields):
-    """Evaluate and save at every step of 4, scores as given; return the final weights and each checkpoint's."""
+    """Evaluate and save at every step of 4, scores as given: the final weights, each checkpoint's weights, and
+    each evaluation's loss."""
     values = iter(scores)
     trainer = quick(tmp_path, max_steps=4, eval_strategy="steps", eval_steps=1, save_strategy="steps", save_steps=1,
-                    compute_metrics=lambda prediction: {"score": next(values)}, **fields)
+                    load_best_model_at_end=True, compute_metrics=lambda prediction: {"score": next(values)}, **fields)
     trainer.train()
     saved = {name: load_file(str(tmp_path / "out" / name / "model.safetensors")) for name in checkpoints(tmp_path / "out")}
-    return final_weights(trainer), saved
+    return final_weights(trainer), saved, logged(trainer, "eval_loss")
 
 
 def same_weights(a, b) -> bool:
     return set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
 
 
+SCORES = [9.0, 1.0, 2.0, 3.0]  # highest at step 1, lowest at step 2
+
+
 def p_load_best_model_at_end(tmp_path):
-    final, saved = best_model_run(tmp_path, [9.0, 1.0, 2.0, 3.0], load_best_model_at_end=True,
-                                  metric_for_best_model="score", greater_is_better=True)
+    final, saved, _ = best_model_run(tmp_path, SCORES, metric_for_best_model="score")
     assert same_weights(final, saved["checkpoint-1"]) and not same_weights(final, saved["checkpoint-4"])
 
 
 def p_metric_for_best_model(tmp_path):
-    """The best by 'score' is step 1; by the default metric (the evaluation loss) it would be another step."""
-    final, saved = best_model_run(tmp_path, [9.0, 1.0, 2.0, 3.0], load_best_model_at_end=True,
-                                  metric_for_best_model="score", greater_is_better=True)
-    losses_best = None  # the loss-based choice is whichever step the loss picks: not step 1 with these weights
-    assert same_weights(final, saved["checkpoint-1"]), losses_best
+    """The best 'score' (highest: its default direction) is step 1's; the default metric, the evaluation loss
+    (lowest), picks another step, so the weights loaded at the end tell which metric decided."""
+    final, saved, losses = best_model_run(tmp_path, SCORES, metric_for_best_model="score")
+    assert losses.index(min(losses)) != 0, losses  # the loss would choose another checkpoint
+    assert same_weights(final, saved["checkpoint-1"])
 
 
 def p_greater_is_better(tmp_path):
-    """greater_is_better=False for 'score': the lowest score wins (the default for a name without 'loss': highest)."""
-    final, saved = best_model_run(tmp_path, [9.0, 1.0, 2.0, 3.0], load_best_model_at_end=True,
-                                  metric_for_best_model="score", greater_is_better=False)
+    """greater_is_better=False for 'score': the lowest score wins (by default, for a name without 'loss', the highest)."""
+    final, saved, _ = best_model_run(tmp_path, SCORES, metric_for_best_model="score", greater_is_better=False)
     assert same_weights(final, saved["checkpoint-2"])
 
 

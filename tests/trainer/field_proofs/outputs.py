@@ -13,7 +13,7 @@ from tests.trainer.checkpoint_workload import RegressionData
 from tests.trainer.helpers import EchoModel, IndexDataset, TinyTokenModel, TokenDataset
 from trainkit import Trainer, TrainerCallback, TrainingArguments
 
-from .common import calls_of, log_steps, logged, quick, record_forwards
+from .common import calls_of, log_steps, logged, quick
 
 
 # --- training logs ------------------------------------------------------------------------------------------
