@@ -1,4 +1,4 @@
-"""The ignore-one-field check: every proof fails when trainkit ignores its setting (CPU; about 5 minutes on 2 cores).
+"""The ignore-one-field check: every proof fails when trainkit ignores its setting (CPU; 4-9 minutes on 2 shared cores).
 
 Not part of the suite (the name does not start with ``test_``): run it as
 ``python -m pytest tests/ignore_each_field.py`` (``-k seed`` for one field). For every ``TrainingArguments`` field
