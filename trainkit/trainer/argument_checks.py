@@ -330,7 +330,7 @@ def _apply_tf32(tf32: bool | None, use_cpu: bool) -> None:
 def _load_accelerator_config(value: Any) -> dict[str, Any]:
     """accelerator_config (None, dict, JSON string or JSON file) -> a checked dict."""
     if value is None:
-        return {}
+        value = {}
     if hasattr(value, "to_dict"):
         value = value.to_dict()
     if isinstance(value, str):
@@ -347,7 +347,10 @@ def _load_accelerator_config(value: Any) -> dict[str, Any]:
     if config.get("gradient_accumulation_kwargs"):
         raise ConfigError(f"accelerator_config['gradient_accumulation_kwargs'] in {WHERE}: the Trainer accumulates "
                           "gradients itself (gradient_accumulation_steps), so these engine options do not apply.")
-    return config
+    from transformers.trainer_pt_utils import AcceleratorConfig  # its defaults fill the keys not given, as transformers does
+
+    known = DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS
+    return {**{f.name: f.default for f in dataclasses.fields(AcceleratorConfig) if f.name in known}, **config}
 
 
 def _parse_debug(value: Any) -> list[str]:
