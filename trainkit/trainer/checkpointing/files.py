@@ -45,10 +45,15 @@ TRAINING_STATE_PATTERNS = ("optimizer*", "scheduler*", "scaler*", "dataloaders*"
 """Files needed only to resume (left out of Hub uploads of the model; so is the manifest, which lists them)."""
 
 
-def checkpoint_root(args: Any) -> str:
-    """Where the ``checkpoint-N`` folders go: ``checkpoint_dir`` (a folder or an object-store URL) when set, else
-    ``output_dir``."""
-    return getattr(args, "checkpoint_dir", None) or args.output_dir
+def run_folder(trainer: Trainer) -> str:
+    """Where this run's ``checkpoint-N`` folders go: ``checkpoint_dir`` (a folder or an object-store URL) when set,
+    else ``output_dir``; a search trial's ``run-{id}`` folder in it (``Trainer._get_output_dir``, as transformers
+    names it)."""
+    folder, root = trainer._get_output_dir(trainer._trial), getattr(trainer.args, "checkpoint_dir", None)
+    if not root:
+        return folder
+    trial = os.path.relpath(folder, trainer.args.output_dir)
+    return root if trial == "." else f"{root.rstrip('/')}/{trial}" if "://" in root else os.path.join(root, trial)
 
 
 def checkpoint_folder(output_dir: str, step: int) -> str:
@@ -147,7 +152,7 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
     is_best = state.best_global_step == state.global_step
     if only_if_best and args.save_strategy == "best" and not is_best:
         return None
-    root = checkpoint_root(args)
+    root = run_folder(trainer)
     folder = checkpoint_folder(root, state.global_step)
     if is_best:
         state.best_model_checkpoint = folder

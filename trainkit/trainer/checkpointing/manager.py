@@ -55,21 +55,21 @@ class CheckpointManager:
         folder = checkpoints.save_training_checkpoint(self.trainer, self._resumed_from, only_if_best=False,
                                                       synchronous=True)
         return folder if folder is not None else checkpoints.checkpoint_folder(
-            checkpoints.checkpoint_root(self.trainer.args), self.trainer.state.global_step)
+            checkpoints.run_folder(self.trainer), self.trainer.state.global_step)
 
     def rotate(self) -> list[str]:
         """Main process: delete the oldest checkpoints beyond ``save_total_limit`` (never the best, the newest,
         nor the one resumed from); return what was deleted."""
         args, state = self.trainer.args, self.trainer.state
         return self.trainer.accelerator.checkpointer.rotate(
-            checkpoints.checkpoint_root(args), args.save_total_limit,
+            checkpoints.run_folder(self.trainer), args.save_total_limit,
             protected=[state.best_model_checkpoint, self._resumed_from], prefix=checkpoints.PREFIX)
 
     def resume_folder(self, requested: str | os.PathLike | bool | None) -> str | None:
         """Collective: the folder ``train(resume_from_checkpoint=requested)`` resumes from (see
         :func:`trainkit.engine.checkpoint.find_resume_folder`), or None."""
         output_dir, checkpointer = self.trainer.args.output_dir, self.trainer.accelerator.checkpointer
-        root = checkpoints.checkpoint_root(self.trainer.args)
+        root = self.trainer.args.checkpoint_dir or output_dir  # as transformers: the run's folder, not a trial's
         if requested is True:
             try:
                 self._verified = checkpointer.find_resume_folder(True, root, conventions=[TRAINER_CONVENTION])
