@@ -152,18 +152,32 @@ def test_sequential_sampling_keeps_dataset_order(tmp_path):
 
 
 def test_model_side_fields(tmp_path):
+    """CPU: activation checkpointing and use_cache reach the model; NEFTune noise is on during train() only (its
+    hook is removed when training ends, as transformers does)."""
+    from trainkit import TrainerCallback
+
+    ids = torch.arange(8)[None]
+
+    class NoiseProbe(TrainerCallback):
+        noisy_in_training = None
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            embeddings = model.get_input_embeddings()  # the model is in training mode here
+            self.noisy_in_training = not torch.equal(embeddings(ids), embeddings(ids))
+
     model = _tiny_gpt2()
     model.config.use_cache = True
     args = _args(tmp_path, activation_checkpointing=True, neftune_noise_alpha=5.0, use_cache=False)
-    trainer = Trainer(model=model, args=args, train_dataset=CausalTokens())
+    probe = NoiseProbe()
+    trainer = Trainer(model=model, args=args, train_dataset=CausalTokens(), callbacks=[probe])
     trainer.train()
     assert _checkpointing_is_on(model) and model.config.use_cache is False
+    assert probe.noisy_in_training is True
     embeddings = model.get_input_embeddings()
-    assert embeddings.neftune_noise_alpha == 5.0
-    ids = torch.arange(8)[None]
     model.train()
-    assert not torch.equal(embeddings(ids), embeddings(ids))  # NEFTune noise while training
-    model.eval()
+    from trainkit.trainer.neftune import noise_hook
+
+    assert noise_hook() not in embeddings._forward_hooks.values()
     assert torch.equal(embeddings(ids), embeddings(ids))
 
 

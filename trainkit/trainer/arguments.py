@@ -252,6 +252,8 @@ class TrainingArguments(ProcessAttributes):
         self.gradient_checkpointing = bool(self.gradient_checkpointing)
         if self.torch_compile_backend is not None or self.torch_compile_mode is not None:
             self.torch_compile = True
+        if self.torch_compile and self.torch_compile_backend is None:
+            self.torch_compile_backend = "inductor"  # the backend torch.compile uses, named as transformers names it
         if self.eval_strategy != "no":
             self.do_eval = True
         if self.disable_tqdm is None:
@@ -305,7 +307,7 @@ class TrainingArguments(ProcessAttributes):
                 raise ConfigError(f"dataloader_persistent_workers=True in {WHERE} needs dataloader_num_workers > 0.")
 
     def _check_best_model(self) -> None:
-        needs_metric = self.load_best_model_at_end or self.save_strategy == "best" or self.lr_scheduler_type == "reduce_lr_on_plateau"
+        needs_metric = self.load_best_model_at_end or self.lr_scheduler_type in ("reduce_lr_on_plateau", "greedy")
         if needs_metric and self.metric_for_best_model is None:
             self.metric_for_best_model = "loss"
         if self.greater_is_better is None and self.metric_for_best_model is not None:
@@ -313,6 +315,10 @@ class TrainingArguments(ProcessAttributes):
         if (self.save_strategy == "best" or self.lr_scheduler_type in ("reduce_lr_on_plateau", "greedy")) and self.eval_strategy == "no":
             reason = "save_strategy='best'" if self.save_strategy == "best" else f"lr_scheduler_type={self.lr_scheduler_type!r}"
             raise ConfigError(f"{reason} in {WHERE} needs evaluations: set eval_strategy to 'steps' or 'epoch'.")
+        if self.save_strategy == "best" and self.metric_for_best_model is None:
+            # transformers' wording kept in the message ("`args.metric_for_best_model` must be provided"): scripts match it
+            raise ConfigError(f"save_strategy='best' in {WHERE} keeps the checkpoints that improve a metric: "
+                              "`args.metric_for_best_model` must be provided (e.g. 'loss' or a compute_metrics key).")
         if not self.load_best_model_at_end or self.save_strategy == "best":
             return
         if self.eval_strategy == "no" or self.save_strategy == "no":
@@ -427,12 +433,22 @@ class TrainingArguments(ProcessAttributes):
             value = getattr(self, f.name)
             if f.name.endswith("_token") and value is not None:
                 value = f"<{f.name.upper()}>"
-            result[f.name] = value
+            result[f.name] = _json_ready(value)
         return result
 
     def to_json_string(self) -> str:
         """The arguments as indented JSON (tokens masked)."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+def _json_ready(value: Any) -> Any:
+    """A torch dtype (a subclass may declare a ``dtype`` field) as its name, ``torch.bfloat16`` -> ``"bfloat16"``,
+    as transformers writes it, also inside dict values; everything else unchanged."""
+    if type(value).__name__ == "dtype" and str(value).startswith("torch."):
+        return str(value).split(".", 1)[1]
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    return value
 
 
 def _enum_value(value: Any) -> Any:

@@ -31,6 +31,7 @@ from .construction_checks import check_trainer_inputs
 from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_unknown_columns, default_collator,
                    default_label_names, loss_from_outputs, remove_unused_columns, samples_in, split_loss, tokens_in)
 from .evaluation import EvalLoopOutput, PredictionOutput, evaluation_loop as run_evaluation_loop, speed_metrics
+from .neftune import neftune_while_training
 from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
@@ -109,10 +110,10 @@ class Trainer:
         self._preemption_watch: PreemptionWatch | None = None  # while train() runs (checkpointing/preemption.py)
         self.checkpoint_manager = CheckpointManager(self)
         """Saves, resume point, rotation and the best model: every checkpoint goes through it."""
-        default_callbacks = [DefaultFlowCallback, TrackerCallback(self.accelerator),
-                             PrinterCallback if self.args.disable_tqdm else ProgressCallback]
+        default_callbacks = [DefaultFlowCallback, PrinterCallback if self.args.disable_tqdm else ProgressCallback]
         self.callback_handler = CallbackHandler(default_callbacks + list(callbacks or []), self.model,
                                                 processing_class, self.optimizer, self.lr_scheduler)
+        self.callback_handler.engine_callbacks.append(TrackerCallback(self.accelerator))
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         self.control = TrainerControl()
@@ -274,7 +275,8 @@ class Trainer:
         self.is_in_train = True
         self._memory_tracker.start()
         try:
-            output = wiring.train_with_batch_size_search(self, run) if self.args.auto_find_batch_size else run()
+            with neftune_while_training(self.model, self.args.neftune_noise_alpha):
+                output = wiring.train_with_batch_size_search(self, run) if self.args.auto_find_batch_size else run()
             self._memory_tracker.stop_and_update_metrics(output.metrics)
             return output
         finally:
@@ -518,7 +520,7 @@ class Trainer:
 
     def _close_trackers(self) -> None:
         """After an evaluate() outside train(): its log restarted the trackers; close them (no file left open)."""
-        for callback in self.callback_handler.callbacks:
+        for callback in self.callback_handler.engine_callbacks:
             if isinstance(callback, TrackerCallback) and callback.started:
                 callback.on_train_end(self.args, self.state, self.control)
 

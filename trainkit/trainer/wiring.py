@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 
 def engine_options(args: Any) -> dict[str, Any]:
     """Accelerator keyword arguments the ddp_* fields and accelerator_config decide."""
-    from trainkit.utils.dataclasses import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from trainkit.utils.dataclasses import (DataLoaderConfiguration, DistributedDataParallelKwargs,
+                                            GradientAccumulationPlugin, InitProcessGroupKwargs)
 
     if args.save_on_each_node:
         state = args._process_state()
@@ -39,13 +40,18 @@ def engine_options(args: Any) -> dict[str, Any]:
     # transformers' Trainer shuffles with the seedable sampler (its accelerator_config default), from data_seed.
     data_config = DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed,
                                           use_stateful_dataloader=True, use_seedable_sampler=True)
+    options: dict[str, Any] = {"kwargs_handlers": handlers, "dataloader_config": data_config}
     for key, value in args.accelerator_config.items():
         if key == "use_configured_state":
             continue  # trainkit always reuses the process's existing state: what True asks for
+        if key == "gradient_accumulation_kwargs":  # read by TrainingArguments; only sync_each_batch reaches the engine
+            if value.get("sync_each_batch"):
+                options["gradient_accumulation_plugin"] = GradientAccumulationPlugin(num_steps=1, sync_each_batch=True)
+            continue
         if not hasattr(data_config, key):
             raise ValueError(f"accelerator_config[{key!r}] is not supported by this trainkit engine's DataLoaderConfiguration.")
         setattr(data_config, key, value)
-    return {"kwargs_handlers": handlers, "dataloader_config": data_config}
+    return options
 
 
 class LengthGroupedEpochSampler(torch.utils.data.Sampler):
@@ -102,10 +108,6 @@ def prepare_model_features(trainer: Any, model: nn.Module) -> None:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         _apply_liger_kernel_to_instance(model=model, **(args.liger_kernel_config or {}))
-    if args.neftune_noise_alpha is not None:
-        from .neftune import activate_neftune  # the installed transformers' hook, wherever that release has it
-
-        trainer.neftune_hook_handle = activate_neftune(model, args.neftune_noise_alpha)
     if "underflow_overflow" in args.debug:
         from transformers.debug_utils import DebugUnderflowOverflow
 
