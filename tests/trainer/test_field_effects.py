@@ -421,7 +421,7 @@ PROOFS: dict[str, Any] = {
     "output_dir": p_output_dir, "per_device_train_batch_size": p_train_batch, "per_device_eval_batch_size": p_eval_batch,
     "num_train_epochs": p_epochs, "max_steps": p_max_steps, "gradient_accumulation_steps": p_accumulation,
     "average_tokens_across_devices": p_average_tokens,
-    "auto_find_batch_size": Elsewhere("trainer/test_argument_wiring.py::test_auto_find_batch_size_halves_until_it_fits"),
+    "auto_find_batch_size": Elsewhere("trainer/test_argument_wiring.py::test_auto_find_batch_size_shrinks_until_it_fits"),
     "learning_rate": p_lr, "weight_decay": p_weight_decay, "adam_beta1": p_betas, "adam_beta2": p_betas,
     "adam_epsilon": p_betas, "max_grad_norm": p_max_grad_norm, "optim": p_optim, "optim_args": p_optim,
     "lr_scheduler_type": p_scheduler,

@@ -330,10 +330,14 @@ def _apply_tf32(tf32: bool | None, use_cpu: bool) -> None:
     torch.backends.cudnn.allow_tf32 = bool(tf32)
 
 
-def _load_accelerator_config(value: Any) -> dict[str, Any]:
-    """accelerator_config (None, dict, an AcceleratorConfig, JSON string or JSON file) -> a checked dict."""
+def _load_accelerator_config(value: Any) -> Any:
+    """accelerator_config (None, dict, an AcceleratorConfig, JSON string or JSON file) -> transformers'
+    ``AcceleratorConfig``, checked: the object transformers' TrainingArguments holds, so scripts that set
+    ``args.accelerator_config.dispatch_batches = False`` work, and the Trainer reads it when it is created."""
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
     if value is None:
-        return {}
+        value = {}
     if isinstance(value, type):  # the class itself, e.g. a dataclass field whose default is AcceleratorConfig
         # "Tried passing in a callable to `accelerator_config`" is transformers' wording, which scripts match
         raise NotImplementedError(
@@ -354,14 +358,19 @@ def _load_accelerator_config(value: Any) -> dict[str, Any]:
     config = dict(value)
     for key in config:
         check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where=WHERE)
-    if config.get("gradient_accumulation_kwargs") is None:
-        config.pop("gradient_accumulation_kwargs", None)  # an AcceleratorConfig's unset field
-    else:
+    if config.get("use_configured_state"):
+        from trainkit.engine.process.state import ProcessState
+
+        if ProcessState._instance is None:
+            raise ConfigError(f"accelerator_config['use_configured_state']=True in {WHERE} reuses the process state "
+                              "set up beforehand, and there is none yet: create the Accelerator (or PartialState) "
+                              "first, or leave use_configured_state False.")
+    if config.get("gradient_accumulation_kwargs") is not None:
         kwargs = dict(config["gradient_accumulation_kwargs"])
         for key in kwargs:
             check_choice("accelerator_config['gradient_accumulation_kwargs'] key", key, ACCUMULATION_KEYS, where=WHERE)
         config["gradient_accumulation_kwargs"] = kwargs
-    return config
+    return AcceleratorConfig(**config)
 
 
 def _apply_accumulation_kwargs(args: Any) -> None:
@@ -370,7 +379,7 @@ def _apply_accumulation_kwargs(args: Any) -> None:
     synchronises gradients on every micro-batch (the Trainer passes it to the engine), and
     ``adjust_scheduler``/``sync_with_dataloader`` only concern an Accelerator's own accumulation, which the
     Trainer does not use (it opens each window itself): a notice says so."""
-    kwargs = args.accelerator_config.get("gradient_accumulation_kwargs", {})
+    kwargs = args.accelerator_config.gradient_accumulation_kwargs or {}
     if "num_steps" in kwargs:
         steps = kwargs["num_steps"]
         if args.gradient_accumulation_steps not in (1, steps):

@@ -163,7 +163,7 @@ class TrainingArguments(ProcessAttributes):
     data_seed: int | None = field(default=None, metadata={"help": "Seed of the data shuffling (default: seed)."})
     use_cpu: bool = field(default=False, metadata={"help": "Run on CPU even when an accelerator is present."})
     local_rank: int = field(default=-1, metadata={"help": "Accepted for old launchers; the rank comes from the environment."})
-    accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, ...): a dict or a JSON file."})
+    accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, gradient_accumulation_kwargs, ...): a dict, a JSON file or an AcceleratorConfig; held as transformers' AcceleratorConfig."})
     parallelism_config: Any = field(default=None, metadata={"help": "A ParallelismConfig (trainkit's or Accelerate's): data replicas x FSDP shards x tensor parallelism (docs/parallelism.md)."})
     ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "DistributedDataParallel's find_unused_parameters."})
     ddp_bucket_cap_mb: int | None = field(default=None, metadata={"help": "DistributedDataParallel's bucket_cap_mb."})
@@ -443,9 +443,12 @@ class TrainingArguments(ProcessAttributes):
 
 def _json_ready(value: Any) -> Any:
     """A torch dtype (a subclass may declare a ``dtype`` field) as its name, ``torch.bfloat16`` -> ``"bfloat16"``,
-    as transformers writes it, also inside dict values; everything else unchanged."""
+    also inside dict values, and a configuration dataclass (``accelerator_config``) as its dict, as transformers
+    writes them; everything else unchanged."""
     if type(value).__name__ == "dtype" and str(value).startswith("torch."):
         return str(value).split(".", 1)[1]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and hasattr(value, "to_dict"):
+        return _json_ready(value.to_dict())
     if isinstance(value, dict):
         return {key: _json_ready(item) for key, item in value.items()}
     return value

@@ -45,3 +45,20 @@ def loader_epoch(dataloader: Any) -> int:
     """The epoch a loader stands in (a restored stream's), where steps per epoch are unknown."""
     progress = getattr(dataloader, "progress", None)
     return progress.epoch if progress is not None else 0
+
+
+def log_plan(logger: Any, plan: TrainingPlan, train_dataloader: Any, batch_size: int, accumulation_steps: int,
+             data_parallel: int, trainable_parameters: int) -> None:
+    """The run's shape at INFO level when training starts (``log_level="info"`` shows it, as transformers'
+    "Running training" block)."""
+    try:
+        examples = f"{len(train_dataloader.dataset):,}"
+    except (AttributeError, TypeError):
+        examples = "unknown (a stream)"
+    epochs = "until max_steps" if plan.steps_per_epoch is None else f"{plan.num_epochs:,}"
+    logger.info("***** Running training *****\n  examples: %s\n  epochs: %s\n  optimizer steps per epoch: %s\n"
+                "  batch size per process: %d\n  accumulation steps: %d\n  global batch size: %d\n"
+                "  optimizer steps: %d\n  trainable parameters: %s",
+                examples, epochs, plan.steps_per_epoch if plan.steps_per_epoch is not None else "unknown", batch_size,
+                accumulation_steps, batch_size * accumulation_steps * data_parallel, plan.max_steps,
+                f"{trainable_parameters:,}")

@@ -35,7 +35,7 @@ from .neftune import neftune_while_training
 from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
-from .plan import TrainingPlan, length_or_none, loader_epoch, training_plan
+from .plan import TrainingPlan, length_or_none, loader_epoch, log_plan, training_plan
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,10 @@ class Trainer:
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self._train_batch_size = self.args.per_device_train_batch_size
+        """The per-process training batch: the arguments', or what auto_find_batch_size found (args stay as written)."""
         self.label_names = self.args.label_names or default_label_names(model)
+        self.label_smoother = wiring.label_smoother(self.args, model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
         self._num_parameters = flops_parameters(model)
@@ -140,9 +143,13 @@ class Trainer:
         return self.accelerator.config.gradient_accumulation_steps
 
     def _configure_logging(self) -> None:
+        """log_level (log_level_replica elsewhere) sets trainkit's loggers and, as in transformers, transformers'."""
         level = self.args.log_level if self.args.should_log else self.args.log_level_replica  # log_on_each_node
         if level != "passive":
             logging.getLogger("trainkit").setLevel(getattr(logging, level.upper()))
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.set_verbosity(getattr(logging, level.upper()))
 
     def is_world_process_zero(self) -> bool:
         """True on the one process that writes logs, checkpoints' JSON and prints."""
@@ -194,20 +201,26 @@ class Trainer:
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset.")
         dataset = self._prepare_dataset(self.train_dataset, "training")
-        return self._dataloader(dataset, self.args.per_device_train_batch_size, True, self.args.dataloader_drop_last,
+        return self._dataloader(dataset, self._train_batch_size, True, self.args.dataloader_drop_last,
                                 sampler=wiring.train_sampler(self, dataset), description="training")
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
-        """The evaluation DataLoader (in order, nothing dropped), built once per dataset."""
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        """The evaluation DataLoader (in order, nothing dropped) for ``eval_dataset``: a dataset, the name of one
+        in a dict ``eval_dataset``, or None for the Trainer's. Built afresh on each call, as transformers does
+        (so changed arguments apply), except with ``dataloader_persistent_workers``, where each dataset's loader
+        is kept so its worker processes live on between evaluations."""
+        dataset = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else eval_dataset
+        dataset = dataset if dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("Evaluation needs an eval_dataset (in the Trainer or as an argument).")
         key = id(dataset)
-        if key not in self._eval_dataloaders:
-            prepared = self._prepare_dataset(dataset, "evaluation")
-            self._eval_dataloaders[key] = self._dataloader(
-                prepared, self.args.per_device_eval_batch_size, False, False, description="evaluation")
-        return self._eval_dataloaders[key]
+        if key in self._eval_dataloaders and self.args.dataloader_persistent_workers:
+            return self._eval_dataloaders[key]
+        loader = self._dataloader(self._prepare_dataset(dataset, "evaluation"), self.args.per_device_eval_batch_size,
+                                  False, False, description="evaluation")
+        if self.args.dataloader_persistent_workers:
+            self._eval_dataloaders[key] = loader
+        return loader
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """The prediction DataLoader for ``test_dataset`` (in order, nothing dropped)."""
@@ -271,6 +284,9 @@ class Trainer:
               ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
         """Train for ``max_steps`` or ``num_train_epochs``; resume from a checkpoint folder, or the latest with True
         (and, after a torchelastic restart, from the latest by itself unless told False)."""
+        resume_from_checkpoint = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
+        if resume_from_checkpoint and self.args.auto_find_batch_size:  # the batch size the interrupted run had found
+            self._train_batch_size = resume.saved_train_batch_size(resume_from_checkpoint) or self._train_batch_size
         run = functools.partial(self._train_once, resume_from_checkpoint, ignore_keys_for_eval)
         self.is_in_train = True
         self._memory_tracker.start()
@@ -282,16 +298,19 @@ class Trainer:
         finally:
             self.is_in_train = False
 
-    def _train_once(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
-        resume_from_checkpoint = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
+    def _train_once(self, resume_from_checkpoint: str | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         train_dataloader = self.get_train_dataloader()
         if resume_from_checkpoint:  # another world size: the same global batch, before the run's length is planned
             resume.keep_global_batch_on_resume(self, resume_from_checkpoint, train_dataloader)
         plan = training_plan(train_dataloader, self._accumulation_steps,
                              self.args.max_steps, self.args.num_train_epochs)
         self._setup_training(plan.max_steps)
+        if self.is_world_process_zero():
+            log_plan(logger, plan, train_dataloader, self._train_batch_size, self._accumulation_steps,
+                     self.accelerator.strategy.data_parallel_size,
+                     sum(p.numel() for p in self.model.parameters() if p.requires_grad))
         self.state = TrainerState(max_steps=plan.max_steps, num_train_epochs=plan.num_epochs,
-                                  train_batch_size=self.args.per_device_train_batch_size,
+                                  train_batch_size=self._train_batch_size,
                                   is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         self.state.compute_steps(self.args, plan.max_steps)
@@ -392,7 +411,7 @@ class Trainer:
             labels = inputs.get(label_name)
             outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name})
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-        elif self.args.label_smoothing_factor and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
+        elif self.label_smoother is not None and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
             loss, outputs = wiring.label_smoothed_loss(self, model, inputs)
         else:
             outputs = call_model(model, inputs)
@@ -449,7 +468,7 @@ class Trainer:
         if args.load_best_model_at_end:
             self.checkpoint_manager.load_best_model()
         data_parallel = self.accelerator.strategy.data_parallel_size  # a tensor-parallel group reads one batch
-        global_batch = args.per_device_train_batch_size * self._accumulation_steps * data_parallel
+        global_batch = self._train_batch_size * self._accumulation_steps * data_parallel
         metrics = speed_metrics("train", start, num_samples=steps_run * global_batch, num_steps=steps_run)
         metrics.update(total_flos=state.total_flos, train_loss=self.meter.train_loss)
         self.log(metrics)
@@ -527,6 +546,7 @@ class Trainer:
     def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
                 metric_key_prefix: str = "test") -> PredictionOutput:
         """Predictions, label ids (when the data has labels) and metrics, one row per sample in dataset order."""
+        self._memory_tracker.start()  # here, in predict(): the tracker names its metrics after the calling method
         self._prepare_model()
         wiring.cast_for_full_eval(self)
         dataloader = self.get_test_dataloader(test_dataset)
@@ -534,6 +554,7 @@ class Trainer:
         output = self.evaluation_loop(dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
         metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
+        self._memory_tracker.stop_and_update_metrics(metrics)
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=metrics)
         return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=metrics)
 
