@@ -205,10 +205,8 @@ class Trainer:
                                 sampler=wiring.train_sampler(self, dataset), description="training")
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
-        """The evaluation DataLoader (in order, nothing dropped) for ``eval_dataset``: a dataset, the name of one
-        in a dict ``eval_dataset``, or None for the Trainer's. Built afresh on each call, as transformers does
-        (so changed arguments apply), except with ``dataloader_persistent_workers``, where each dataset's loader
-        is kept so its worker processes live on between evaluations."""
+        """The evaluation DataLoader (in order, nothing dropped) of a dataset, of a dict eval_dataset's set by name,
+        or of the Trainer's; built afresh on each call (as transformers) unless dataloader_persistent_workers."""
         dataset = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else eval_dataset
         dataset = dataset if dataset is not None else self.eval_dataset
         if dataset is None:
@@ -305,10 +303,7 @@ class Trainer:
         plan = training_plan(train_dataloader, self._accumulation_steps,
                              self.args.max_steps, self.args.num_train_epochs)
         self._setup_training(plan.max_steps)
-        if self.is_world_process_zero():
-            log_plan(logger, plan, train_dataloader, self._train_batch_size, self._accumulation_steps,
-                     self.accelerator.strategy.data_parallel_size,
-                     sum(p.numel() for p in self.model.parameters() if p.requires_grad))
+        log_plan(self, plan, train_dataloader)
         self.state = TrainerState(max_steps=plan.max_steps, num_train_epochs=plan.num_epochs,
                                   train_batch_size=self._train_batch_size,
                                   is_local_process_zero=self.is_local_process_zero(),
