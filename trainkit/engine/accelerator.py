@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from trainkit.config.deepspeed import DeepSpeedPlugin
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import EngineConfig
+from trainkit.config.ignored_field import honour_ignored_keyword
 from trainkit.engine.process import collectives
 from trainkit.engine.step.accumulation import GradientState, sum_across_processes
 from trainkit.engine.api.options import announce_dataloader_options, resolve_compat_options
@@ -102,6 +103,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             one); when given, the arguments above that it covers are not consulted.
     """
 
+    @honour_ignored_keyword("Accelerator")  # the field proofs' test mode (TRAINKIT_IGNORE_FIELD); nothing when unset
     def __init__(
         self,
         device_placement: bool = True,
@@ -229,8 +231,12 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     @property
     def even_batches(self) -> bool:
-        """Whether the last global batch is padded so every process gets one."""
+        """Whether the last global batch is padded so every process gets one (settable, as in Accelerate)."""
         return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
 
     @property
     def project_dir(self) -> str | None:

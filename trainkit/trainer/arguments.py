@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
+from trainkit.config.ignored_field import reset_ignored_field
 from trainkit.engine.tracking import tracker_names
 from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields, parse_number_or_bool
 from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
@@ -208,6 +209,7 @@ class TrainingArguments(ProcessAttributes):
     do_predict: bool = field(default=False, metadata={"help": "For scripts: whether to predict."})
 
     def __post_init__(self) -> None:
+        reset_ignored_field(self)  # the field proofs' test mode (TRAINKIT_IGNORE_FIELD); nothing when unset
         if self.output_dir is None:
             self.output_dir = "trainer_output"
         self.output_dir = os.path.expanduser(str(self.output_dir))
@@ -253,7 +255,7 @@ class TrainingArguments(ProcessAttributes):
         if self.torch_compile_backend is not None or self.torch_compile_mode is not None:
             self.torch_compile = True
         if self.torch_compile and self.torch_compile_backend is None:
-            self.torch_compile_backend = "inductor"  # the backend torch.compile uses, named as transformers names it
+            self.torch_compile_backend = "inductor"  # as transformers records it
         if self.eval_strategy != "no":
             self.do_eval = True
         if self.disable_tqdm is None:
@@ -431,7 +433,7 @@ class TrainingArguments(ProcessAttributes):
         result = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name.endswith("_token") and value is not None:
+            if f.name.endswith("_token"):  # masked even when unset, as transformers does
                 value = f"<{f.name.upper()}>"
             result[f.name] = _json_ready(value)
         return result

@@ -62,9 +62,13 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step_was_skipped(self, value: bool) -> None:
         self._step_was_skipped = value
 
-    @property
-    def state(self) -> dict:  # type: ignore[override]
+    @property  # type: ignore[override]
+    def state(self) -> dict:
         return self.optimizer.state
+
+    @state.setter
+    def state(self, value: dict) -> None:
+        self.optimizer.state = value  # type: ignore[assignment]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -77,6 +81,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
     @property
     def defaults(self) -> dict[str, Any]:  # type: ignore[override]
         return self.optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)
