@@ -214,6 +214,25 @@ def maybe_empty_cache(args: Any, global_step: int, device: torch.device) -> None
         torch.cuda.empty_cache()
 
 
+def apply_log_level(args: Any) -> None:
+    """log_level (log_level_replica on the processes that do not log, per log_on_each_node) sets trainkit's
+    loggers and, as in transformers, transformers' verbosity; "passive" leaves both as they are."""
+    level = args.log_level if args.should_log else args.log_level_replica
+    if level != "passive":
+        logging.getLogger("trainkit").setLevel(getattr(logging, level.upper()))
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity(getattr(logging, level.upper()))
+
+
+def batch_size_to_resume(trainer: Any, folder: str | None) -> None:
+    """With auto_find_batch_size, a resume starts from the batch size the interrupted run had found."""
+    if folder and trainer.args.auto_find_batch_size:
+        from .checkpointing.resume import saved_train_batch_size
+
+        trainer._train_batch_size = saved_train_batch_size(folder) or trainer._train_batch_size
+
+
 def train_with_batch_size_search(trainer: Any, run: Callable[[], Any]) -> Any:
     """Run training; on an out-of-memory error take 90% of the training batch size (rounded down) and start
     again, as transformers' auto_find_batch_size does (accelerate's find_executable_batch_size). The size is
