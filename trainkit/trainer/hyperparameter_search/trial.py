@@ -74,6 +74,7 @@ def hp_search_setup(trainer: Any, trial: Any) -> None:
         setattr(trainer.args, key, type(current)(value) if current is not None else value)
     if backend == "optuna":
         logger.info("Trial: %s", trial.params)
+    trainer._train_batch_size = trainer.args.per_device_train_batch_size  # a trial may change it (as transformers)
     _fresh_engine(trainer)
 
 
