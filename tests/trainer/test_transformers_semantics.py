@@ -130,35 +130,6 @@ def test_label_smoothing_is_off_with_a_warning_for_multi_label_models(tmp_path):
     assert isinstance(smoother, LabelSmoother) and smoother.epsilon == 0.1
 
 
-class RandomLine(nn.Module):
-    """A randomly initialised y = w * x + c (its weights depend on the seed at construction)."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(1, 1)
-
-    def forward(self, x, labels=None):
-        prediction = self.linear(x).squeeze(-1)
-        return {"loss": ((prediction - labels) ** 2).mean(), "logits": prediction}
-
-
-def test_model_init_builds_a_fresh_seeded_model_at_every_train(tmp_path):
-    built = []
-
-    def model_init():
-        built.append(RandomLine())
-        return built[-1]
-
-    trainer = Trainer(model_init=model_init, args=_args(tmp_path, learning_rate=0.01), train_dataset=IndexDataset(8))
-    trainer.train()
-    first = trainer.model.linear.weight.detach().clone()
-    trainer.train()  # from scratch again: the same seeded draw, the same two steps
-    assert len(built) == 3 and torch.equal(trainer.model.linear.weight, first)
-    trainer.args.seed = 3
-    trainer.train()
-    assert not torch.equal(trainer.model.linear.weight, first)
-
-
 # ----------------------------------------------------------------------------- callbacks
 
 

@@ -42,12 +42,11 @@ def _backend(trainer: Any) -> str | None:
 
 
 def start_trial(trainer: Any, trial: Any) -> None:
-    """``train()``'s first step: with a ``model_init``, a fresh seeded model (and optimizer, schedule and engine) at
-    every ``train()``, as transformers does, so training again starts from scratch; then a trial's arguments."""
-    if trainer.model_init is not None:
+    """``train()``'s first step: a fresh seeded model for a trial, then the trial's arguments and engine."""
+    if trainer.model_init is not None and (trial is not None or _backend(trainer) is not None):
         from ..wiring import seed_run
 
-        seed_run(trainer.args)  # the seed comes before the model, so each run (each trial) starts from the same draw
+        seed_run(trainer.args)  # the seed comes before the model, so each trial starts from the same draw
         trainer.model = trainer.model_wrapped = trainer.call_model_init(trial)
         trainer.optimizer = trainer.lr_scheduler = None
         _fresh_engine(trainer)
