@@ -11,15 +11,9 @@ import argparse
 import os
 from typing import Any
 
-from trainkit.config import (
-    DISTRIBUTED_TYPES,
-    MIXED_PRECISIONS,
-    RDZV_BACKENDS,
-    FSDPOptions,
-    LaunchConfig,
-    default_config_path,
-    read_mapping_file,
-)
+from trainkit.config import FSDPOptions, LaunchConfig, default_config_path, read_mapping_file
+from trainkit.config.engine_options import USE_CPU
+from trainkit.config.options import declared_options, flag_options
 from trainkit.config.parallelism import LAUNCH_KEYS as PARALLELISM_LAUNCH_KEYS
 from trainkit.config.parallelism import LAUNCH_PREFIX as PARALLELISM_PREFIX
 
@@ -32,29 +26,9 @@ FLAG_SOURCE = "flag"
 # Accelerate's launcher flags with other spellings of an FSDP option (config.fsdp.ALIASES), and its
 # --fsdp_version (accepted and reported as unused: trainkit runs FSDP2 only).
 _EXTRA_FSDP_FLAGS = ("backward_prefetch_policy", "reshard_after_forward", "version")
-# Flags that map straight onto a LaunchConfig key of the same name, with their argparse type and help.
-_PLAIN_FLAGS: dict[str, tuple[Any, str]] = {
-    "num_processes": (int, "Total processes over all machines (as in Accelerate)."),
-    "num_machines": (str, "Number of machines (nodes), or MIN:MAX for an elastic job (c10d rendezvous; machines "
-                     "may leave and join, the workers resume with the same global batch)."),
-    "machine_rank": (int, "This machine's rank, 0 .. num_machines-1."),
-    "main_process_ip": (str, "Address of machine 0 (multi-machine jobs)."),
-    "main_process_port": (int, "Rendezvous port on machine 0 (default: a free port on one machine, 29500 on several)."),
-    "rdzv_backend": (str, f"Rendezvous backend for several machines: {', '.join(RDZV_BACKENDS)}."),
-    "rdzv_conf": (str, "Extra c10d rendezvous options, key=value,... (e.g. last_call_timeout=5)."),
-    "max_restarts": (int, "Restart the whole worker group up to K times after a failure."),
-    "monitor_interval": (float, "Seconds between checks of worker health."),
-    "mixed_precision": (str, f"Mixed precision: {', '.join(MIXED_PRECISIONS)}."),
-    "gradient_accumulation_steps": (int, "Default gradient accumulation steps for the script's Accelerator."),
-    "num_cpu_threads_per_process": (int, "OMP_NUM_THREADS per worker (default: cores / processes per machine)."),
-    "collective_timeout": (float, "Seconds before a collective that never completes fails the job (default 600)."),
-    "preemption_signals": (str, "Signals forwarded to every worker, which then save a checkpoint and stop "
-                           "(default SIGTERM,SIGINT,SIGUSR1; see docs/preemption.md)."),
-    "preemption_grace_period": (int, "Seconds to wait for the workers to save and exit after a forwarded signal, "
-                                "before SIGKILL (default 90)."),
-    "gpu_ids": (str, "GPUs to use on this machine: 'all' or a comma-separated list."),
-    "distributed_type": (str, f"One of {', '.join(DISTRIBUTED_TYPES)} (normally implied by the flags below)."),
-}
+# Flags that map straight onto a LaunchConfig key of the same name: every key whose declaration has a flag
+# (config/launch.py; its argparse type and help come from the declaration).
+_PLAIN_FLAGS = flag_options(LaunchConfig)
 # DeepSpeed flags (Accelerate's): they fill the launch config's ``deepspeed_config`` block and imply
 # distributed_type DEEPSPEED, which trainkit runs on FSDP2/DDP (docs/deepspeed.md).
 _DEEPSPEED_FLAGS = {
@@ -87,14 +61,14 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Add every flag that sets a config key (shared by `launch` and `config`)."""
     group = parser.add_argument_group("configuration (override the config file)")
     group.add_argument("--config_file", default=None, help=f"YAML or JSON config file (default: {default_config_path()}).")
-    for name, (kind, text) in _PLAIN_FLAGS.items():
-        group.add_argument(f"--{name}", type=kind, default=None, help=text)
+    for name, option in _PLAIN_FLAGS.items():
+        group.add_argument(f"--{name}", type=option.flag_type, default=None, help=option.help)
     group.add_argument("--cpu", "--use_cpu", dest="use_cpu", action="store_const", const=True, default=None,
-                       help="Run on CPU even where GPUs exist.")
+                       help=USE_CPU.help)
     group.add_argument("--multi_gpu", action="store_const", const=True, default=None,
                        help="Accelerate's flag: distributed_type MULTI_GPU (CPU with gloo where no GPU exists).")
     group.add_argument("--debug", action="store_const", const=True, default=None,
-                       help="Check that every rank calls the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL).")
+                       help=declared_options(LaunchConfig)["debug"].help)
     group.add_argument("--same_network", action="store_const", const=True, default=None, help=argparse.SUPPRESS)
     deepspeed = parser.add_argument_group("DeepSpeed configs, run on FSDP2 (each flag implies --use_deepspeed)")
     deepspeed.add_argument("--use_deepspeed", action="store_const", const=True, default=None,

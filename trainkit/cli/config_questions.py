@@ -10,9 +10,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from trainkit.config import ConfigError, FSDPOptions, did_you_mean
+from trainkit.config import ConfigError, FSDPOptions, LaunchConfig, did_you_mean
 from trainkit.config.fsdp import AUTO_WRAP_POLICIES, BACKWARD_PREFETCH, SHARDING_STRATEGIES, STATE_DICT_TYPES
 from trainkit.config.machine import gpus_probably_present
+from trainkit.config.options import declared_options
+from trainkit.config.precision import MIXED_PRECISION
 
 _MAX_ATTEMPTS = 3
 
@@ -108,11 +110,12 @@ def ask_launch_config(asker: Asker) -> dict[str, Any]:
         config["machine_rank"] = asker.integer("What is the rank of this machine (0 = main)?", 0, minimum=0)
         config["main_process_ip"] = asker.text("What is the IP address of machine 0?", "127.0.0.1")
         config["main_process_port"] = asker.integer("Which port on machine 0 for the rendezvous?", 29500, minimum=1)
-        config["rdzv_backend"] = asker.choice("Which rendezvous backend?", ["static", "c10d"], "static")
+        backend = declared_options(LaunchConfig)["rdzv_backend"]
+        config["rdzv_backend"] = asker.choice("Which rendezvous backend?", backend.choices, backend.default)
         config["same_network"] = asker.yes_no("Are all machines on the same local network?", True)
     gpus = gpus_probably_present()
     config["use_cpu"] = asker.yes_no("Run on CPU only (even where GPUs exist)?", not gpus)
-    config["mixed_precision"] = asker.choice("Mixed precision?", ["no", "fp16", "bf16"], "no")
+    config["mixed_precision"] = asker.choice("Mixed precision?", MIXED_PRECISION.choices, MIXED_PRECISION.default)
     use_fsdp = asker.yes_no("Use FSDP (shard parameters, gradients and optimizer state)?", False)
     if use_fsdp:
         config["fsdp_config"] = ask_fsdp_options(asker)

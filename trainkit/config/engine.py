@@ -16,7 +16,9 @@ flag or a config file, not by its own defaults), ``notices`` holds one line sayi
 Adding a source: write a function ``LaunchConfig -> dict[str, Setting]`` and add it to
 ``LAUNCHER_MAPPINGS`` (a launcher section such as ``deepspeed_config``), or project the new plugin into
 the explicit settings where the engine builds them (``trainkit.engine.api.configuration``). Adding a key: a
-field below, a parser in ``_PARSERS``, and the launcher key in ``_LAUNCH_KEYS`` when the launcher has one.
+field below declared with an :class:`~trainkit.config.options.Option` (its parser comes with it); a key the
+launcher also takes shares the launch config's ``Option`` (``config/engine_options.py``) and is handed over by
+that alone.
 No torch here.
 """
 
@@ -35,7 +37,10 @@ from .fsdp import FSDPOptions
 from .handoff import load_launch_config_from_env
 from .launch import DEFAULT_SOURCE, LaunchConfig
 from .parallelism import ParallelismConfig
-from .values import parse_mixed_precision, to_bool, to_int, to_positive_float
+from .engine_options import COLLECTIVE_TIMEOUT, GRADIENT_ACCUMULATION_STEPS, USE_CPU
+from .options import Option, declared_options
+from .precision import MIXED_PRECISION
+from .values import to_bool
 
 logger = logging.getLogger("trainkit.config")
 
@@ -58,15 +63,14 @@ class Setting:
 class EngineConfig:
     """What the engine runs with, each value resolved once (see the module docstring for the rule)."""
 
-    mixed_precision: str = "no"
-    """no | fp16 | bf16: autocast dtype (and loss scaling under fp16)."""
-    gradient_accumulation_steps: int = 1
+    mixed_precision: str = MIXED_PRECISION.field()
+    """A mode of ``config/precision.py``: autocast dtype (and loss scaling under fp16)."""
+    gradient_accumulation_steps: int = GRADIENT_ACCUMULATION_STEPS.field()
     """Micro-batches per optimizer step."""
-    use_cpu: bool = False
+    use_cpu: bool = USE_CPU.field()
     """Compute on CPU even where a GPU exists."""
-    collective_timeout: float = 600.0
-    """Seconds before a collective that never completes fails the job (far below gloo's and NCCL's 30
-    minutes, so a rank that skipped a collective is reported in minutes)."""
+    collective_timeout: float = COLLECTIVE_TIMEOUT.field()
+    """Seconds before a collective that never completes fails the job (declared in ``config/engine_options.py``)."""
     fsdp: FSDPOptions | None = None
     """FSDP options when the model is to be sharded, else None. Read-only."""
     dynamo: TorchDynamoPlugin | None = None
@@ -134,22 +138,24 @@ def _shown(name: str, value: Any) -> Any:
     return value
 
 
-_FIELDS = ("mixed_precision", "gradient_accumulation_steps", "use_cpu", "collective_timeout", "fsdp", "dynamo",
-           "deepspeed", "parallelism", "elastic")
+_FIELDS = tuple(field.name for field in dataclasses.fields(EngineConfig) if field.name not in ("provenance", "notices"))
+_SHARED = {name: option for name, option in declared_options(EngineConfig).items()
+           if declared_options(LaunchConfig).get(name) is option}
+"""The settings the launcher and the engine share (one declaration each): the launcher hands them over as they are."""
+
+
+def _declared_parser(name: str, option: Option) -> Callable[[Any, str], Any]:
+    return lambda value, where: option.read(value, name, where)
+
+
 _PARSERS: dict[str, Callable[[Any, str], Any]] = {
-    "mixed_precision": parse_mixed_precision,
-    "gradient_accumulation_steps": lambda value, where: to_int("gradient_accumulation_steps", value, where, minimum=1),
-    "use_cpu": lambda value, where: to_bool("use_cpu", value, where),
-    "collective_timeout": lambda value, where: to_positive_float("collective_timeout", value, where),
+    **{name: _declared_parser(name, option) for name, option in declared_options(EngineConfig).items()},
     # A layer may hand over its whole FSDPOptions as the value of "fsdp" ("on, with these"), see _fsdp_options.
     "fsdp": lambda value, where: True if isinstance(value, FSDPOptions) else to_bool("fsdp", value, where),
     "elastic": lambda value, where: to_bool("elastic", value, where),
     "dynamo": lambda value, where: value if value is not None and value.enabled else None,
     "parallelism": lambda value, where: parse_parallelism(value, where),
 }
-# EngineConfig key -> LaunchConfig key, for the keys the launcher hands over as they are.
-_LAUNCH_KEYS = {"mixed_precision": "mixed_precision", "gradient_accumulation_steps": "gradient_accumulation_steps",
-                "use_cpu": "use_cpu", "collective_timeout": "collective_timeout"}
 
 
 def parse_parallelism(value: Any, where: str) -> ParallelismConfig | None:
@@ -174,10 +180,10 @@ def launcher_source(launch_source: str, key: str) -> str:
 
 def _plain_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     settings = {}
-    for name, launch_key in _LAUNCH_KEYS.items():
-        source = launch.source_of(launch_key)
+    for name in _SHARED:
+        source = launch.source_of(name)
         if source != DEFAULT_SOURCE:  # the launcher's own defaults are not a request
-            settings[name] = Setting(getattr(launch, launch_key), launcher_source(source, launch_key))
+            settings[name] = Setting(getattr(launch, name), launcher_source(source, name))
     return settings
 
 
