@@ -12,6 +12,8 @@ import os
 from typing import Any
 
 from trainkit.config import FSDPOptions, LaunchConfig, default_config_path, read_mapping_file
+from trainkit.config.deepspeed import DEEPSPEED_YAML_OPTIONS
+from trainkit.config.dynamo import DYNAMO_OPTIONS
 from trainkit.config.engine_options import USE_CPU
 from trainkit.config.options import declared_options, flag_options
 from trainkit.config.parallelism import LAUNCH_KEYS as PARALLELISM_LAUNCH_KEYS
@@ -31,30 +33,10 @@ _EXTRA_FSDP_FLAGS = ("backward_prefetch_policy", "reshard_after_forward", "versi
 _PLAIN_FLAGS = flag_options(LaunchConfig)
 # DeepSpeed flags (Accelerate's): they fill the launch config's ``deepspeed_config`` block and imply
 # distributed_type DEEPSPEED, which trainkit runs on FSDP2/DDP (docs/deepspeed.md).
-_DEEPSPEED_FLAGS = {
-    "zero_stage": "ZeRO stage 0-3 (3 = FSDP2 FULL_SHARD, 2 = SHARD_GRAD_OP, 1 = sharded optimizer state).",
-    "offload_optimizer_device": "none | cpu (with --offload_param_device cpu and stage 3).",
-    "offload_param_device": "none | cpu (with --offload_optimizer_device cpu and stage 3).",
-    "offload_optimizer_nvme_path": "Refused: FSDP2 offloads to CPU memory only.",
-    "offload_param_nvme_path": "Refused: FSDP2 offloads to CPU memory only.",
-    "gradient_clipping": "Clip gradients to this total norm before each optimizer step.",
-    "zero3_init_flag": "true: build the model on the meta device, rank 0 loads the weights.",
-    "zero3_save_16bit_model": "true: save full (gathered) weights instead of shards.",
-    "deepspeed_config_file": "A DeepSpeed JSON config (\"auto\" values allowed).",
-    "deepspeed_hostfile": "Refused: DeepSpeed's launcher; use --num_machines/--main_process_ip.",
-    "deepspeed_multinode_launcher": "Only 'standard' (torchrun on each machine).",
-    "deepspeed_inclusion_filter": "Refused: DeepSpeed's launcher.",
-    "deepspeed_exclusion_filter": "Refused: DeepSpeed's launcher.",
-    "deepspeed_moe_layer_cls_names": "Refused: DeepSpeed's MoE leaf modules.",
-}
-# torch.compile flags (Accelerate's): they fill the launch config's ``dynamo_config`` block.
-_DYNAMO_FLAGS = {
-    "dynamo_backend": "torch.compile backend for prepared models (inductor, aot_eager, ...; no = off).",
-    "dynamo_mode": "torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs.",
-    "dynamo_use_fullgraph": "true: fail on graph breaks instead of splitting the graph.",
-    "dynamo_use_dynamic": "true: compile for dynamic shapes.",
-    "dynamo_use_regional_compilation": "true: compile the repeated block once instead of the whole model.",
-}
+_DEEPSPEED_FLAGS = {key: option.help for key, option in DEEPSPEED_YAML_OPTIONS.items() if option.flag}
+# torch.compile flags (Accelerate's): they fill the launch config's ``dynamo_config`` block (declared in
+# config/dynamo.py).
+_DYNAMO_FLAGS = {key: option.help for key, option in DYNAMO_OPTIONS.items()}
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
