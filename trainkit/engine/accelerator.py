@@ -315,11 +315,24 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         return global_items
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` normalised for its accumulation window (``GradientState.normalise_loss``)."""
+        """Backpropagate ``loss`` normalised for its accumulation window (``GradientState.normalise_loss``).
+
+        ``learning_rate=`` (Accelerate's LOMO path): the prepared LOMO optimizers (lomo-optim's ``Lomo``/``AdaLomo``)
+        run backward themselves and update the weights at that rate as the gradients arrive."""
         if self._checkpoint_writer is not None:  # a failed background checkpoint write stops the loop here
             self._checkpoint_writer.raise_pending_error()
         loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
                                                   self.strategy.data_parallel_size)
+        learning_rate = kwargs.pop("learning_rate", None)
+        if learning_rate is not None:
+            fused_backwards: list[Any] = [getattr(opt.optimizer, "fused_backward", None) for opt in self._optimizers]
+            fused_backwards = [step for step in fused_backwards if callable(step)]
+            if not fused_backwards:
+                raise ValueError("backward(learning_rate=...) is for LOMO optimizers (lomo-optim's Lomo/AdaLomo), "
+                                 "and none was passed to prepare().")
+            for fused_backward in fused_backwards:
+                fused_backward(loss, learning_rate)
+            return
         self.precision.backward(loss, **kwargs)
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:

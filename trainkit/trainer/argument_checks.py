@@ -239,9 +239,10 @@ def _check_unavailable_features(args: Any) -> None:
         from trainkit.config.engine import parse_parallelism
 
         parse_parallelism(args.parallelism_config, f"parallelism_config in {WHERE}")
-    if args.optim_target_modules is not None:
-        raise ConfigError(f"optim_target_modules in {WHERE} is read only by the GaLore/APOLLO optimizers (packages "
-                          f"galore-torch/apollo-torch), which trainkit does not build; optim={args.optim!r} ignores it.")
+    optim = str(getattr(args.optim, "value", args.optim))
+    if args.optim_target_modules is not None and not optim.startswith(("galore", "apollo")):
+        raise ConfigError(f"optim_target_modules in {WHERE} is read only by the GaLore/APOLLO optimizers "
+                          f"(optim='galore_*' or 'apollo_*'); optim={optim!r} ignores it.")
     for name in ("trackio_space_id", "trackio_bucket_id", "trackio_static_space_id"):
         value = getattr(args, name)
         if value is not None and value is not False:

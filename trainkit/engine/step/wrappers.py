@@ -94,8 +94,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
             self.optimizer.zero_grad(**({} if set_to_none is None else {"set_to_none": set_to_none}))
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        if not self.gradient_state.sync_gradients:
-            return
+        if not self.gradient_state.sync_gradients or callable(getattr(self.optimizer, "fused_backward", None)):
+            return  # a LOMO optimizer has already updated the weights in backward(learning_rate=...)
         kwargs = {"closure": closure} if closure is not None else {}
         if self.before_step is not None:
             self.before_step()
