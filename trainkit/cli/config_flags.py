@@ -16,6 +16,7 @@ from trainkit.config.deepspeed import DEEPSPEED_YAML_OPTIONS
 from trainkit.config.dynamo import DYNAMO_OPTIONS
 from trainkit.config.engine_options import USE_CPU
 from trainkit.config.options import declared_options, flag_options
+from trainkit.config.precision import option_blocks
 from trainkit.config.parallelism import LAUNCH_KEYS as PARALLELISM_LAUNCH_KEYS
 from trainkit.config.parallelism import LAUNCH_PREFIX as PARALLELISM_PREFIX
 
@@ -60,6 +61,11 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     dynamo = parser.add_argument_group("torch.compile")
     for name, text in _DYNAMO_FLAGS.items():
         dynamo.add_argument(f"--{name}", type=str, default=None, metavar="VALUE", help=text)
+    for block, (mode, declaration) in option_blocks().items():  # a mixed precision's own options
+        precision_group = parser.add_argument_group(f"mixed precision {mode} ({block}: block)")
+        for name, option in declared_options(declaration.options).items():
+            precision_group.add_argument(f"--{declaration.flag_prefix}{name}", type=str, default=None, metavar="VALUE",
+                               help=option.help)
     parallelism = parser.add_argument_group("ParallelismConfig (the launch config's parallelism_config: block)")
     parallelism.add_argument("--use_parallelism_config", action="store_const", const=True, default=None,
                              help="Accelerate's flag; accepted (the --parallelism_config_* sizes decide).")
@@ -115,6 +121,11 @@ def flags_to_mapping(args: argparse.Namespace) -> dict[str, Any]:
     dynamo = {name: getattr(args, name) for name in _DYNAMO_FLAGS if getattr(args, name, None) is not None}
     if dynamo:
         mapping["dynamo_config"] = dynamo
+    for block, (_, declaration) in option_blocks().items():
+        given = {name: getattr(args, declaration.flag_prefix + name) for name in declared_options(declaration.options)
+                 if getattr(args, declaration.flag_prefix + name, None) is not None}
+        if given:
+            mapping[block] = given
     parallelism = {PARALLELISM_PREFIX + name: getattr(args, PARALLELISM_PREFIX + name) for name in PARALLELISM_LAUNCH_KEYS
                    if getattr(args, PARALLELISM_PREFIX + name, None) is not None}
     if parallelism:

@@ -39,7 +39,7 @@ from .launch import DEFAULT_SOURCE, LaunchConfig
 from .parallelism import ParallelismConfig
 from .engine_options import COLLECTIVE_TIMEOUT, GRADIENT_ACCUMULATION_STEPS, USE_CPU
 from .options import Option, declared_options
-from .precision import MIXED_PRECISION
+from .precision import MIXED_PRECISION, declaration_for_options, option_blocks
 from .values import to_bool
 
 logger = logging.getLogger("trainkit.config")
@@ -81,6 +81,9 @@ class EngineConfig:
     parallelism: ParallelismConfig | None = None
     """The parallel degrees (data replicas x shards x tensor parallel) when a ParallelismConfig was given (the
     script's, or the launcher's ``parallelism_config:`` block), else None. Not yet resolved against the world."""
+    precision_options: Any = None
+    """The mixed precision's own settings (an instance of the options class its declaration in
+    ``config/precision.py`` names), or None when the mode has none; the precision class receives it."""
     elastic: bool = False
     """The launcher runs an elastic job (``num_machines MIN:MAX``): the workers restart on every membership change,
     also where no worker failed, so a run resumes from its latest checkpoint by itself (and starts afresh when
@@ -133,6 +136,8 @@ def _shown(name: str, value: Any) -> Any:
         return "off" if value is None else f"{value.backend} (regional: {value.use_regional_compilation})"
     if name == "deepspeed":
         return "off" if value is None else f"ZeRO stage {value.zero_stage}"
+    if name == "precision_options":
+        return "none" if value is None else repr(value)
     if name == "parallelism":
         return "off" if value is None else ", ".join(f"{k}={v}" for k, v in value.to_dict().items() if v not in (1, None))
     return value
@@ -155,6 +160,7 @@ _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "elastic": lambda value, where: to_bool("elastic", value, where),
     "dynamo": lambda value, where: value if value is not None and value.enabled else None,
     "parallelism": lambda value, where: parse_parallelism(value, where),
+    "precision_options": lambda value, where: value,  # an options object, parsed by its declaration where it entered
 }
 
 
@@ -225,6 +231,15 @@ def _parallelism_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     return {"parallelism": Setting(config, launcher_source(launch.source_of("parallelism_config"), "parallelism_config"))}
 
 
+def _precision_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    if not launch.precision_config:
+        return {}
+    (block, values), = launch.precision_config.items()  # the chosen mode's block only (LaunchConfig keeps one)
+    _, declaration = option_blocks()[block]
+    source = launcher_source(launch.source_of("precision_config"), block)
+    return {"precision_options": Setting(declaration.read_options(values, where=f"{block} ({source})"), source)}
+
+
 def _elastic_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     if not launch.elastic:
         return {}
@@ -234,7 +249,7 @@ def _elastic_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
 
 LAUNCHER_MAPPINGS: list[Callable[[LaunchConfig], dict[str, Setting]]] = [
     _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings,
-    _parallelism_launch_settings, _elastic_launch_settings]
+    _parallelism_launch_settings, _precision_launch_settings, _elastic_launch_settings]
 """How the launcher's config becomes settings: one function per section (add DeepSpeed's here)."""
 
 
@@ -278,6 +293,7 @@ def resolve_engine_config(explicit: Mapping[str, Setting] | None = None, *,
                               f"{launched[key].value!r} from {launched[key].source}")
     offered = [layer["fsdp"].value for layer in layers if isinstance(layer.get("fsdp", Setting(None, "")).value, FSDPOptions)]
     fsdp = _fsdp_options(values, provenance, offered)
+    _check_precision_options(values, provenance)
     notices = ("trainkit: explicit settings win over the launcher's: " + "; ".join(overridden) + ".",) if overridden else ()
     config = EngineConfig(
         **{name: values[name] for name in _FIELDS if name in values and name != "fsdp"},
@@ -285,6 +301,19 @@ def resolve_engine_config(explicit: Mapping[str, Setting] | None = None, *,
     )
     logger.debug("trainkit engine config: %s", config.summary())
     return config
+
+
+def _check_precision_options(values: Mapping[str, Any], provenance: Mapping[str, str]) -> None:
+    """Options given for one mode while another runs are an error naming both (never dropped silently)."""
+    options = values.get("precision_options")
+    if options is None:
+        return
+    mode = values.get("mixed_precision", MIXED_PRECISION.default)
+    owner = declaration_for_options(options)
+    if owner is None or owner[0] != mode:
+        raise ConfigError(f"{type(options).__name__} ({provenance['precision_options']}) configures mixed precision "
+                          f"{owner[0] if owner else '(none)'!r}, but mixed_precision is {mode!r} "
+                          f"({provenance.get('mixed_precision', DEFAULT_SOURCE)}).")
 
 
 def _fsdp_keys(layers: tuple[Mapping[str, Setting], ...]) -> list[str]:

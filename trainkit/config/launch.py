@@ -19,11 +19,12 @@ from .machine import gpus_probably_present
 from .parallelism import ParallelismConfig
 from .engine_options import COLLECTIVE_TIMEOUT, GRADIENT_ACCUMULATION_STEPS, USE_CPU
 from .options import Option, boolean, integer, optional, parse_declared, seconds
-from .precision import MIXED_PRECISION
+from .precision import MIXED_PRECISION, option_blocks
 from .preemption import PREEMPTION_GRACE_PERIOD, PREEMPTION_SIGNALS
 from .values import COMPUTE_ENVIRONMENTS, DISTRIBUTED_TYPES, RDZV_BACKENDS, parse_distributed_type, parse_gpu_ids, to_bool, to_int
 
 DEFAULT_SOURCE = "default"
+_NOT_KEYS = ("unused_keys", "provenance", "precision_config")  # fields that are not keys of a config file
 # Keys of Accelerate's config files that trainkit reads but does not act on. A key whose value asks for
 # nothing (empty, false, null) is absorbed silently; any other value is listed once in ``unused_keys``.
 UNUSED_ACCELERATE_KEYS = frozenset({
@@ -134,6 +135,10 @@ class LaunchConfig:
     """Signals the launcher forwards to every worker and the workers answer by saving a checkpoint and
     stopping (comma-separated names; a YAML list works too). See docs/preemption.md."""
     preemption_grace_period: int = PREEMPTION_GRACE_PERIOD.field()
+    precision_config: dict[str, dict[str, Any]] | None = None
+    """The chosen mixed precision's own options block, ``{block: {option: value}}`` (e.g. ``fp8_config``), parsed
+    by its declaration (``config/precision.py``); None when the mode declares no options or none were given.
+    Written and read under the block's own key, never as ``precision_config``."""
     unused_keys: list[str] = dataclasses.field(default_factory=list)
     """Keys accepted but not acted on (Accelerate's deepspeed_config, tpu_*, ...), reported once."""
     provenance: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -144,7 +149,7 @@ class LaunchConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         """The keys a config mapping may hold (besides Accelerate's unused ones)."""
-        return [f.name for f in dataclasses.fields(cls) if f.name not in ("unused_keys", "provenance")]
+        return [f.name for f in dataclasses.fields(cls) if f.name not in _NOT_KEYS]
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any], *, source: str = "mapping",
@@ -239,6 +244,19 @@ class LaunchConfig:
             self.dynamo_config = plugin.to_config() if plugin.enabled else None
         self._validate_machines()
         self._finish_parallelism()
+        self._finish_precision_options()
+
+    def _finish_precision_options(self) -> None:
+        """Parse each precision options block given (a typo is a typo); keep the chosen mode's, list the others."""
+        blocks, chosen = self.precision_config or {}, {}
+        for block, values in blocks.items():
+            mode, declaration = option_blocks()[block]
+            options = declaration.read_options(values, where=f"{block} ({_where(self.provenance, 'precision_config')})")
+            if mode == self.mixed_precision:
+                chosen[block] = dataclasses.asdict(options)
+            elif block not in self.unused_keys:
+                self.unused_keys.append(block)
+        self.precision_config = chosen or None
 
     def _finish_parallelism(self) -> None:
         """Check the ``parallelism_config:`` block now (keys, values, product = num_processes), in the launcher."""
@@ -342,6 +360,7 @@ class LaunchConfig:
             elif value is None and not full:
                 continue  # Accelerate drops nulls too
             result[name] = value
+        result.update(self.precision_config or {})  # under each block's own key (fp8_config: ...)
         return result
 
     def source_of(self, key: str) -> str:
@@ -399,6 +418,14 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
                 provenance.pop("min_machines", None)
             merged[key] = value
             provenance[key] = source
+        elif key in option_blocks():  # a mixed precision's own options (config/precision.py), key by key
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"'{key}' in {source} must be a mapping, got {value!r}.")
+            blocks = merged.setdefault("precision_config", {})
+            blocks[key] = {**blocks.get(key, {}), **value}
+            provenance["precision_config"] = source
         elif key in UNUSED_ACCELERATE_KEYS:
             if key == "fp16" and to_bool("fp16", value, source) and "mixed_precision" not in mapping:
                 merged["mixed_precision"] = "fp16"  # Accelerate's pre-mixed_precision spelling

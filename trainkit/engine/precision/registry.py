@@ -42,7 +42,8 @@ PRECISION_DEVICES: dict[str, tuple[str, ...]] = {mode: entry.runs_on for mode, e
 
 def check_precision_device(mode: str, device_type: str, *, where: str) -> None:
     """Raise when precision ``mode`` does not run on ``device_type`` (per :data:`PRECISION_DEVICES`)."""
-    runs_on = PRECISION_DEVICES.get(mode, ())
+    entry = PRECISION_REGISTRY.get(mode)  # read now: a test may register a mode
+    runs_on = entry.runs_on if entry is not None else ()
     if device_type not in runs_on:
         raise ConfigError(f"{where}: mixed precision {mode!r} does not run on {device_type}; it runs on "
                           f"{', '.join(runs_on) or 'no device'}.")
