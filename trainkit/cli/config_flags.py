@@ -24,6 +24,7 @@ from trainkit.config.fsdp import ALIASES as FSDP_ALIASES
 
 from .slurm import slurm_layer
 from .torchrun_env import torchrun_env_layers
+from .torchrun_flags import torchrun_layers
 
 FLAG_SOURCE = "flag"
 # Accelerate's launcher flags with other spellings of an FSDP option (config.fsdp.ALIASES), and its
@@ -156,6 +157,7 @@ def config_layers(args: argparse.Namespace, *, read_default_file: bool = True) -
     if slurm is not None:
         layers.append(slurm)
     layers.append((flags_to_mapping(args), FLAG_SOURCE))
+    layers.extend(torchrun_layers(args, layers))  # torchrun's spellings (--nnodes ...), one layer each, named
     return layers
 
 

@@ -116,7 +116,7 @@ def override_notice(layers: Sequence[tuple[Mapping[str, Any], str]]) -> str | No
             for key, value in mapping.items():
                 if key in files and str(files[key][0]) != str(value):
                     replaced.append(f"{key} {files[key][0]} from {files[key][1]} -> {value} ({source})")
-        elif source != "flag":
+        elif not source.startswith("flag"):  # the flags, under either spelling
             files.update({key: (value, source) for key, value in mapping.items()})
     if not replaced:
         return None

@@ -181,6 +181,8 @@ def launcher_source(launch_source: str, key: str) -> str:
     """The words for a value the launcher was given: ``launcher flag --key`` or ``launcher config <file>``."""
     if launch_source == "flag":
         return f"launcher flag --{key}"
+    if launch_source.startswith("flag "):  # another spelling of the flag, as typed (torchrun's --nnodes)
+        return f"launcher {launch_source}"
     return f"launcher config {launch_source}"
 
 

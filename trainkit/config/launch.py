@@ -37,6 +37,7 @@ UNUSED_ACCELERATE_KEYS = frozenset({
 TRAINKIT_ONLY_KEYS = (
     "gradient_accumulation_steps", "collective_timeout", "max_restarts", "monitor_interval",
     "num_cpu_threads_per_process", "preemption_signals", "preemption_grace_period", "min_machines", "rdzv_conf",
+    "rdzv_id",
 )
 
 
@@ -96,6 +97,9 @@ class LaunchConfig:
         parse=lambda value, key, where: _parse_rdzv_conf(value, where), env=("PET_RDZV_CONF",)).field()
     """Extra rendezvous options for c10d, ``key=value,...`` (torchrun's ``--rdzv_conf``: ``last_call_timeout``,
     ``join_timeout``, ``close_timeout``, ...); trainkit adds ``is_host`` unless given."""
+    rdzv_id: str | None = Option(
+        help="Run id that every machine of a c10d rendezvous names (default: SLURM_JOB_ID, else one made of the "
+             "address and port).", parse=lambda value, key, where: _parse_address(value), env=("PET_RDZV_ID",)).field()
     same_network: bool = Option(help="Accelerate's key; accepted (false has no effect and is listed in "
                                 "unused_keys).", default=True, parse=boolean, flag=False).field()
     gpu_ids: str | None = Option(help="GPUs to use on this machine: 'all' or a comma-separated list.",
