@@ -57,13 +57,13 @@ class TorchDynamoPlugin:
 
     # backend, fullgraph and use_regional_compilation default to None as in Accelerate; __post_init__ turns
     # None into "no" / False, so after construction they always hold a value.
-    backend: str = None  # type: ignore[assignment]
+    backend: str = None  # type: ignore[assignment]  # Accelerate's default; __post_init__ sets a backend name
     mode: str | None = None
-    fullgraph: bool = None  # type: ignore[assignment]
+    fullgraph: bool = None  # type: ignore[assignment]  # Accelerate's default; __post_init__ makes it a bool
     dynamic: bool | None = None
     options: dict[str, Any] | None = None
     disable: bool = False
-    use_regional_compilation: bool = None  # type: ignore[assignment]
+    use_regional_compilation: bool = None  # type: ignore[assignment]  # Accelerate's default; __post_init__ makes it a bool
 
     def __post_init__(self) -> None:
         self.backend = normalise_backend("no" if self.backend is None else self.backend)

@@ -71,7 +71,7 @@ def optimizer_cls_and_kwargs(args: Any, model: nn.Module | None = None,
     from transformers import Trainer as TransformersTrainer
 
     view = _ResolverArguments(args, args.optim_args if optim_args is True else optim_args or None)
-    optimizer_cls, kwargs = TransformersTrainer.get_optimizer_cls_and_kwargs(view, model)  # type: ignore[arg-type]
+    optimizer_cls, kwargs = TransformersTrainer.get_optimizer_cls_and_kwargs(view, model)  # type: ignore[arg-type]  # a view standing in for transformers' TrainingArguments
     if kwargs.get("fused") and "params" not in kwargs and model is not None and not _fused_supported(model):
         logger.info("Fused AdamW is not available for these parameters; using the foreach implementation.")
         kwargs = {key: value for key, value in kwargs.items() if key != "fused"}
@@ -251,12 +251,12 @@ class _LayerWiseAsScheduled(torch.optim.Optimizer):
         self.defaults = optimizer.defaults
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]  # the wrapped optimizer's groups, read through
         return self.optimizer.param_groups
 
     @param_groups.setter
     def param_groups(self, value: list[dict[str, Any]]) -> None:
         self.optimizer.param_groups = value
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # the wrapped optimizer's step, called through
         """Nothing: the layers step in their gradient hooks."""

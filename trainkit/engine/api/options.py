@@ -43,12 +43,12 @@ class CompatOptions:
     @property
     def autocast_kwargs(self) -> AutocastKwargs | None:
         """The AutocastKwargs handler, if one was given."""
-        return self.handlers.get(AutocastKwargs)  # type: ignore[return-value]
+        return self.handlers.get(AutocastKwargs)  # type: ignore[return-value]  # the handler kept under its own type
 
     @property
     def profile_kwargs(self) -> ProfileKwargs | None:
         """The ProfileKwargs handler, if one was given."""
-        return self.handlers.get(ProfileKwargs)  # type: ignore[return-value]
+        return self.handlers.get(ProfileKwargs)  # type: ignore[return-value]  # the handler kept under its own type
 
     def ddp_comm_hook(self) -> dict[str, Any] | None:
         """The DDP communication hook to register, or None."""

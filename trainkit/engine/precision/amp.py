@@ -49,7 +49,7 @@ class AutocastPrecision(Precision):
                 outputs = forward(*args, **kwargs)
             return loss_in_float32(outputs)
 
-        autocast_forward.__wrapped_by_trainkit__ = forward  # type: ignore[attr-defined]
+        autocast_forward.__wrapped_by_trainkit__ = forward  # type: ignore[attr-defined]  # a marker on the function object
         return autocast_forward
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
