@@ -238,7 +238,12 @@ def _check_unavailable_features(args: Any) -> None:
     if args.parallelism_config is not None:  # its type and degrees now; its product against the world at training
         from trainkit.config.engine import parse_parallelism
 
-        parse_parallelism(args.parallelism_config, f"parallelism_config in {WHERE}")
+        parallelism = parse_parallelism(args.parallelism_config, f"parallelism_config in {WHERE}")
+        if parallelism is not None and (parallelism.cp_size != 1 or parallelism.sp_size != 1) and \
+                args.label_smoothing_factor:
+            raise ConfigError(f"label_smoothing_factor={args.label_smoothing_factor} in {WHERE} with cp_size/sp_size "
+                              "> 1: the smoothed loss is computed outside the model on whole-sequence labels, but each "
+                              "rank's logits cover its part of the sequence; use label_smoothing_factor=0.")
     optim = str(getattr(args.optim, "value", args.optim))
     if args.optim_target_modules is not None and not optim.startswith(("galore", "apollo")):
         raise ConfigError(f"optim_target_modules in {WHERE} is read only by the GaLore/APOLLO optimizers "
