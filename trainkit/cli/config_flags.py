@@ -17,8 +17,8 @@ from trainkit.config.dynamo import DYNAMO_OPTIONS
 from trainkit.config.engine_options import USE_CPU
 from trainkit.config.options import declared_options, flag_options
 from trainkit.config.precision import option_blocks
-from trainkit.config.parallelism import LAUNCH_KEYS as PARALLELISM_LAUNCH_KEYS
 from trainkit.config.parallelism import LAUNCH_PREFIX as PARALLELISM_PREFIX
+from trainkit.config.parallelism import PARALLELISM_OPTIONS
 
 from trainkit.config.fsdp import ALIASES as FSDP_ALIASES
 
@@ -70,9 +70,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     parallelism = parser.add_argument_group("ParallelismConfig (the launch config's parallelism_config: block)")
     parallelism.add_argument("--use_parallelism_config", action="store_const", const=True, default=None,
                              help="Accelerate's flag; accepted (the --parallelism_config_* sizes decide).")
-    for name in PARALLELISM_LAUNCH_KEYS:
+    for name, option in PARALLELISM_OPTIONS.items():
         parallelism.add_argument(f"--{PARALLELISM_PREFIX}{name}", type=str, default=None, metavar="VALUE",
-                                 help=_PARALLELISM_DOCS[name])
+                                 help=option.help)
     fsdp = parser.add_argument_group("FSDP (each --fsdp_* flag implies --use_fsdp)")
     fsdp.add_argument("--use_fsdp", action="store_const", const=True, default=None, help="distributed_type FSDP.")
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
@@ -80,21 +80,6 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         # the script path in `--fsdp_offload_params train.py`. Values stay text: the config layer validates them.
         fsdp.add_argument(f"--fsdp_{name}", type=str, default=None, metavar="VALUE",
                           help=_fsdp_help(name))
-
-
-_PARALLELISM_DOCS = {
-    "dp_replicate_size": "Full model copies; gradients all-reduced across them (-1: the rest of the processes).",
-    "dp_shard_size": "Processes each copy is sharded across with FSDP2 (-1: the rest).",
-    "tp_size": "Processes each layer is split across (tensor parallel, by the model's TP plan).",
-    "cp_size": "Processes each sequence is split across, attention by torch's ring attention (CUDA only).",
-    "sp_size": "Processes each sequence is split across, attention by Ulysses all-to-all over the heads.",
-    "cp_backend": "torch (the only value).",
-    "sp_backend": "deepspeed (the only value: the Ulysses algorithm, run on torch's collectives).",
-    "cp_comm_strategy": "allgather (default) or alltoall: how the ring passes key/value shards (cp_size > 1).",
-    "sp_seq_length": "The length every batch has, checked when --parallelism_config_sp_seq_length_is_variable false.",
-    "sp_seq_length_is_variable": "true (default): any batch length, padded to a multiple of sp_size; false: fixed.",
-    "sp_attn_implementation": "Attention run on the gathered sequence: sdpa (default), flash_attention_2/3.",
-}
 
 
 def _fsdp_help(name: str) -> str:
@@ -131,7 +116,7 @@ def flags_to_mapping(args: argparse.Namespace) -> dict[str, Any]:
                  if getattr(args, declaration.flag_prefix + name, None) is not None}
         if given:
             mapping[block] = given
-    parallelism = {PARALLELISM_PREFIX + name: getattr(args, PARALLELISM_PREFIX + name) for name in PARALLELISM_LAUNCH_KEYS
+    parallelism = {PARALLELISM_PREFIX + name: getattr(args, PARALLELISM_PREFIX + name) for name in PARALLELISM_OPTIONS
                    if getattr(args, PARALLELISM_PREFIX + name, None) is not None}
     if parallelism:
         mapping["parallelism_config"] = parallelism

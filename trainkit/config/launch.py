@@ -24,7 +24,7 @@ from .preemption import PREEMPTION_GRACE_PERIOD, PREEMPTION_SIGNALS
 from .values import COMPUTE_ENVIRONMENTS, DISTRIBUTED_TYPES, RDZV_BACKENDS, parse_distributed_type, parse_gpu_ids, to_bool, to_int
 
 DEFAULT_SOURCE = "default"
-_NOT_KEYS = ("unused_keys", "provenance", "precision_config")  # fields that are not keys of a config file
+_NOT_KEYS = ("unused_keys", "provenance", "precision_config", "_parallelism")  # fields that are not keys of a config file
 # Keys of Accelerate's config files that trainkit reads but does not act on. A key whose value asks for
 # nothing (empty, false, null) is absorbed silently; any other value is listed once in ``unused_keys``.
 UNUSED_ACCELERATE_KEYS = frozenset({
@@ -139,6 +139,8 @@ class LaunchConfig:
     """Signals the launcher forwards to every worker and the workers answer by saving a checkpoint and
     stopping (comma-separated names; a YAML list works too). See docs/preemption.md."""
     preemption_grace_period: int = PREEMPTION_GRACE_PERIOD.field()
+    _parallelism: ParallelismConfig | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    """The ``parallelism_config:`` block parsed once (by :meth:`_finish_parallelism`), for :meth:`parallelism`."""
     precision_config: dict[str, dict[str, Any]] | None = None
     """The chosen mixed precision's own options block, ``{block: {option: value}}`` (e.g. ``fp8_config``), parsed
     by its declaration (``config/precision.py``); None when the mode declares no options or none were given.
@@ -268,7 +270,9 @@ class LaunchConfig:
         if block is not None and not isinstance(block, Mapping):
             raise ConfigError(f"'parallelism_config' in {_where(self.provenance, 'parallelism_config')} must be a "
                               f"mapping of parallelism_config_* keys, got {block!r}.")
-        config = self.parallelism()
+        config = ParallelismConfig.from_mapping(
+            block, where=f"parallelism_config ({_where(self.provenance, 'parallelism_config')})") if block else None
+        self._parallelism = config
         if config is None:
             self.parallelism_config = None
             return
@@ -276,11 +280,9 @@ class LaunchConfig:
         self.parallelism_config = config.to_launch_dict()
 
     def parallelism(self) -> ParallelismConfig | None:
-        """The ``parallelism_config:`` block as a :class:`ParallelismConfig` (None when absent or empty)."""
-        if not self.parallelism_config:
-            return None
-        return ParallelismConfig.from_mapping(
-            self.parallelism_config, where=f"parallelism_config ({_where(self.provenance, 'parallelism_config')})")
+        """The ``parallelism_config:`` block as a :class:`ParallelismConfig` (None when absent or empty), parsed once
+        when the config was resolved."""
+        return self._parallelism
 
     def _finish_deepspeed(self) -> None:
         block = self.deepspeed_config
