@@ -57,6 +57,9 @@ class Setting:
     value: Any
     source: str
     """e.g. ``"Accelerator(mixed_precision=)"``, ``"launcher flag --mixed_precision"``, ``"default"``."""
+    parsed: bool = False
+    """The value is already in its canonical form (the launcher's config parsed it by the same declaration), so
+    the resolver takes it as it is instead of parsing it a second time."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,7 +194,7 @@ def _plain_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     for name in _SHARED:
         source = launch.source_of(name)
         if source != DEFAULT_SOURCE:  # the launcher's own defaults are not a request
-            settings[name] = Setting(getattr(launch, name), launcher_source(source, name))
+            settings[name] = Setting(getattr(launch, name), launcher_source(source, name), parsed=True)
     return settings
 
 
@@ -288,7 +291,7 @@ def resolve_engine_config(explicit: Mapping[str, Setting] | None = None, *,
             provenance[key] = DEFAULT_SOURCE
             continue
         parse = _PARSERS.get(key)
-        values[key] = parse(winner.value, winner.source) if parse else winner.value
+        values[key] = parse(winner.value, winner.source) if parse and not winner.parsed else winner.value
         provenance[key] = winner.source
         if key in explicit and key in launched and _differs(key, explicit[key].value, launched[key].value):
             overridden.append(f"{key}={values[key]!r} from {winner.source} overrides "
