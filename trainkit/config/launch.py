@@ -78,7 +78,7 @@ class LaunchConfig:
                                flag_type=int, env=("PET_NODE_RANK",)).field()
     """This machine's rank, 0 .. num_machines-1 (0 hosts the rendezvous)."""
     main_process_ip: str | None = Option(
-        help="Address of machine 0 (multi-machine jobs).", parse=lambda value, key, where: _parse_address(value),
+        help="Address of machine 0 (multi-machine jobs).", parse=lambda value, key, where: _text_or_none(value),
         env=("MASTER_ADDR", "PET_MASTER_ADDR")).field()
     """Address of machine 0; needed when num_machines > 1."""
     main_process_port: int | None = Option(
@@ -99,7 +99,7 @@ class LaunchConfig:
     ``join_timeout``, ``close_timeout``, ...); trainkit adds ``is_host`` unless given."""
     rdzv_id: str | None = Option(
         help="Run id that every machine of a c10d rendezvous names (default: SLURM_JOB_ID, else one made of the "
-             "address and port).", parse=lambda value, key, where: _parse_address(value), env=("PET_RDZV_ID",)).field()
+             "address and port).", parse=lambda value, key, where: _text_or_none(value), env=("PET_RDZV_ID",)).field()
     same_network: bool = Option(help="Accelerate's key; accepted (false has no effect and is listed in "
                                 "unused_keys).", default=True, parse=boolean, flag=False).field()
     gpu_ids: str | None = Option(help="GPUs to use on this machine: 'all' or a comma-separated list.",
@@ -466,7 +466,7 @@ def _parse_compute_environment(value: Any, where: str) -> str:
     return check_choice("compute_environment", value, COMPUTE_ENVIRONMENTS, where=where)
 
 
-def _parse_address(value: Any) -> str | None:
+def _text_or_none(value: Any) -> str | None:
     return None if value is None else (str(value).strip() or None)
 
 

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import check_choice
+from .errors import check_choice, unknown_key_error
 from .values import to_bool, to_int, to_positive_float
 
 Parser = Callable[[Any, str, str], Any]
@@ -81,8 +81,6 @@ def env_options(cls: Any) -> dict[str, str]:
 
 def check_keys(mapping: Mapping[str, Any], table: Mapping[str, Option], *, where: str) -> None:
     """Refuse a key of ``mapping`` that ``table`` does not declare (with a did-you-mean)."""
-    from .errors import unknown_key_error
-
     for key in mapping:
         if key not in table:
             raise unknown_key_error(key, table, where=where)
