@@ -36,7 +36,7 @@ class CheckpointAPI:
         if self._checkpointer is None:
             from trainkit.engine.checkpoint.checkpointer import Checkpointer
 
-            self._checkpointer = Checkpointer(self)  # type: ignore[arg-type]
+            self._checkpointer = Checkpointer(self)  # type: ignore[arg-type]  # a mixin: the Accelerator it is part of
         return self._checkpointer
 
     @property
@@ -99,9 +99,9 @@ class CheckpointAPI:
     def _checkpoints_after_prepare(self) -> None:
         """After ``prepare`` (collective): the other processes' watcher for main-process-only saves; with
         ``async_save``, what the first save would pay for is set up ahead."""
-        if self.num_processes > 1:  # type: ignore[attr-defined]
+        if self.num_processes > 1:  # type: ignore[attr-defined]  # the Accelerator's
             self.checkpointer.rendezvous.watch()
-        if getattr(self.project_configuration, "async_save", False):  # type: ignore[attr-defined]
+        if getattr(self.project_configuration, "async_save", False):  # type: ignore[attr-defined]  # the Accelerator's
             self.checkpointer.prepare_ahead()
 
     def _checkpoints_at_end(self) -> None:
@@ -112,7 +112,7 @@ class CheckpointAPI:
 
     def _checkpoints_not_saving(self) -> None:
         """A barrier, ``end_training``: this process is not in a ``save_state`` the main process may have opened."""
-        if self.num_processes > 1:  # type: ignore[attr-defined]
+        if self.num_processes > 1:  # type: ignore[attr-defined]  # the Accelerator's
             self.checkpointer.rendezvous.watch()
             self.checkpointer.rendezvous.decline()
 

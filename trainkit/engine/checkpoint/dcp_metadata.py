@@ -65,7 +65,7 @@ def pickle_free_reader(base: type, path: str, storage: CheckpointStorage, **opti
     """DCP's reader ``base`` (``FileSystemReader``, ``FsspecReader``) for ``path``, with its metadata read through
     ``storage`` by the pickle-free reader (tensors are read with ``weights_only=True`` by DCP)."""
 
-    class PickleFreeReader(base):  # type: ignore[misc, valid-type]
+    class PickleFreeReader(base):  # type: ignore[misc, valid-type]  # DCP's reader class, given at run time
         def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
             if kwargs.get("rank") is not None:
                 raise CheckpointError("Per-rank DCP metadata files are not supported by trainkit checkpoints.")

@@ -70,7 +70,7 @@ class SaveRendezvous:
         return {"_handled": self._handled}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__()  # type: ignore[misc]
+        self.__init__()  # type: ignore[misc]  # a fresh lock and thread after unpickling
         self._handled = state["_handled"]
 
     def watch(self) -> None:

@@ -60,6 +60,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
         logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
                        "states start afresh, so the run will not continue exactly.", folder)
     loaded = _trainer_state(TrainerState, resumed.files[TRAINER_STATE_NAME] or {})
+    _warn_about_changed_plan(trainer, loaded, folder)
     _adopt_state(trainer, loaded)
 
     if trainer.args.ignore_data_skip:  # transformers' meaning: the current epoch starts again from its first batch
@@ -99,6 +100,24 @@ def _trainer_state(state_class: Any, data: dict[str, Any]) -> Any:
     if ignored:
         logger.info("trainer_state.json: ignoring keys %s", ignored)
     return state_class(**{key: value for key, value in data.items() if key in known})
+
+
+def saved_train_batch_size(trainer: Trainer, folder: str) -> int | None:
+    """The per-process training batch size ``folder``'s run used (its trainer_state.json, read where the checkpoint
+    is stored), None if unknown."""
+    state = trainer.accelerator.checkpointer.read_json(folder, TRAINER_STATE_NAME)
+    return None if state is None else state.get("train_batch_size")
+
+
+def _warn_about_changed_plan(trainer: Trainer, loaded: Any, folder: str) -> None:
+    """One warning listing the intervals and batch size that differ from the checkpoint's (the run keeps its own)."""
+    pairs = [(name, getattr(trainer.state, name), getattr(loaded, name)) for name in ("logging_steps", "eval_steps", "save_steps")]
+    pairs.append(("per_device_train_batch_size", trainer.state.train_batch_size, loaded.train_batch_size))
+    changed = [f"{name}: {now} (from args) != {saved} (from trainer_state.json)"
+               for name, now, saved in pairs if now is not None and saved is not None and now != saved]
+    if changed and trainer.accelerator.is_main_process:
+        logger.warning("Resuming from %s with settings that differ from the checkpoint's; this run's are used:\n  %s",
+                       folder, "\n  ".join(changed))
 
 
 def _adopt_state(trainer: Trainer, loaded: Any) -> None:
