@@ -36,6 +36,8 @@ decline as soon as their loop issues its next collective, or reaches ``load_stat
 _KEY = "trainkit/save_state/"
 _POLL_S = 0.002
 _WATCH_TIMEOUT = datetime.timedelta(seconds=0.5)
+_WATCH_POLL_S = 0.05
+"""How often the watcher looks whether the main process opened a save."""
 
 
 def _base_store() -> Any:
@@ -133,9 +135,13 @@ class SaveRendezvous:
             with self._lock:
                 number = self._handled + 1
             try:
-                client.wait([f"{_KEY}{number}/opened"], _WATCH_TIMEOUT)
+                # check, not wait: a store wait that times out makes torch log a warning each time
+                if not client.check([f"{_KEY}{number}/opened"]):
+                    self._stop.wait(_WATCH_POLL_S)
+                    continue
                 opened_at = int(client.get(f"{_KEY}{number}/opened"))
-            except Exception:  # a timeout (nothing opened yet), or the job ending: look again
+            except Exception:  # the job ending: look again (the loop ends when the watcher is stopped)
+                self._stop.wait(_WATCH_POLL_S)
                 continue
             while not self._stop.is_set():
                 with self._lock:
