@@ -52,6 +52,7 @@ from trainkit.engine.process.splitting import split_between
 from trainkit.engine.process.state import ProcessState, require_accelerator_state
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.api.trackers import TrackerAPI
+from trainkit.engine.api.checkpoints import CheckpointAPI
 from trainkit.engine.tracking import GeneralTracker, resolve_log_with
 from trainkit.engine.step.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
@@ -69,7 +70,7 @@ from trainkit.utils.dataclasses import (
 logger = logging.getLogger(__name__)
 
 
-class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
+class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttributes):
     """Train one model-and-loop on one CPU, one GPU, many processes (DDP) or sharded (FSDP2).
 
     Arguments follow Hugging Face Accelerate's; an argument left at None is "not set" and takes the value
@@ -170,7 +171,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
-        announce_dataloader_options(self.dataloader_config, self.project_configuration)
+        announce_dataloader_options(self.dataloader_config)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.log_with = resolve_log_with(log_with)
         self.trackers: list[GeneralTracker] = []
@@ -186,11 +187,6 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
-        self._loaded_from: str | None = None
-        self._checkpoint_writer: Any = None  # the background writer of ProjectConfiguration(async_save=True)
-        self.checkpoint_io: Any = None
-        """Where checkpoints are stored (a :class:`~trainkit.engine.checkpoint.storage.CheckpointIO`); None: the
-        atomic POSIX folders of :mod:`trainkit.engine.checkpoint.atomic`."""
         self._trigger = 0
         self.step = 0
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
@@ -257,11 +253,6 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
                                schedulers=tuple(self._schedulers), dataloaders=tuple(self._dataloaders),
                                custom_objects=tuple(self._custom_objects))
 
-    @property
-    def loaded_checkpoint(self) -> str | None:
-        """The folder ``load_state`` last loaded (automatic rotation never deletes it), else None."""
-        return self._loaded_from
-
     # -- accumulation -----------------------------------------------------------------------------
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -321,8 +312,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
         ``learning_rate=`` (Accelerate's LOMO path): the prepared LOMO optimizers (lomo-optim's ``Lomo``/``AdaLomo``)
         run backward themselves and update the weights at that rate as the gradients arrive."""
-        if self._checkpoint_writer is not None:  # a failed background checkpoint write stops the loop here
-            self._checkpoint_writer.raise_pending_error()
+        self._checkpoints_at_step()  # a failed background checkpoint write stops the loop here
         loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
                                                   self.strategy.data_parallel_size)
         learning_rate = kwargs.pop("learning_rate", None)
@@ -377,6 +367,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         for i, obj in enumerate(args):
             if _is_scheduler(obj) or isinstance(obj, DummyScheduler):
                 prepared[i] = self.prepare_scheduler(obj)
+        self._checkpoints_after_prepare()
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
@@ -475,6 +466,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     def wait_for_everyone(self) -> None:
         """Barrier across all processes."""
+        self._checkpoints_not_saving()  # a main-process-only save_state goes on without this process
         self.state.wait_for_everyone()
 
     def set_trigger(self) -> None:
@@ -558,36 +550,6 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         if invalid:
             raise ValueError(f"Objects need state_dict() and load_state_dict() to be checkpointed: {invalid!r}")
         self._custom_objects.extend(objects)
-
-    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-                   **save_model_func_kwargs: Any) -> str | None:
-        """Write models, optimizers, schedulers, dataloader positions, RNG and registered objects (always
-        safetensors and JSON: ``safe_serialization=False`` is noted and changes nothing).
-
-        With ``ProjectConfiguration(async_save=True)`` this returns once the state is staged in host memory and
-        the folder appears when the background writer has committed it (docs/checkpoints.md);
-        ``synchronous=True`` writes it before returning. None: skipped (``async_save_when_busy="skip"``)."""
-        from trainkit.engine.checkpoint import save_accelerator_state
-
-        if not safe_serialization:
-            logger.warning("save_state(safe_serialization=False): trainkit checkpoints are always safetensors + JSON.")
-        return save_accelerator_state(self, output_dir, **save_model_func_kwargs)
-
-    def load_state(self, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None,
-                   **load_model_func_kwargs: Any) -> None:
-        """Restore everything ``save_state`` wrote (the latest complete checkpoint when no path is given).
-
-        Dataloaders get back their epoch; their position inside it only with
-        ``DataLoaderConfiguration(use_stateful_dataloader=True)`` (else call ``skip_first_batches``).
-        """
-        from trainkit.engine.checkpoint import load_accelerator_state
-
-        if load_kwargs:
-            logger.warning("load_state(load_kwargs=%s): trainkit loads no pickles, so there is no torch.load to "
-                           "pass them to; they change nothing.", sorted(load_kwargs))
-        loaded = load_accelerator_state(self, input_dir, **load_model_func_kwargs)
-        if loaded is not None:
-            self._loaded_from = loaded
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget prepared objects and release cached device memory."""

@@ -145,6 +145,7 @@ class TrainingArguments(ProcessAttributes):
     save_on_each_node: bool = field(default=False, metadata={"help": "With several machines: each machine writes its own checkpoints."})
     async_save: bool = field(default=False, metadata={"help": "trainkit: checkpoints are copied to host memory and written, checksummed and committed by a background thread while training goes on (docs/checkpoints.md)."})
     async_save_when_busy: str = field(default="wait", metadata={"help": "trainkit, with async_save: a save that finds the previous one still being written waits for it ('wait': no checkpoint is lost) or is skipped with a warning ('skip': training first)."})
+    checkpoint_dir: str | None = field(default=None, metadata={"help": "trainkit: where the checkpoint-N folders go (default: output_dir): a folder, or an object-store URL such as s3://bucket/run, gs://..., az://... (written through fsspec, committed by a manifest); resume_from_checkpoint=True and save_total_limit look there (docs/checkpoints.md)."})
     load_best_model_at_end: bool = field(default=False, metadata={"help": "Load the best checkpoint when training ends (needs matching eval and save strategies)."})
     metric_for_best_model: str | None = field(default=None, metadata={"help": "Metric that decides the best checkpoint (default 'loss' when needed)."})
     greater_is_better: bool | None = field(default=None, metadata={"help": "Whether a larger metric is better (default: unless the name ends in 'loss')."})

@@ -98,7 +98,8 @@ def accelerator_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = Non
         **engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
         log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
         project_dir=args.output_dir,
-        project_config=ProjectConfiguration(async_save=args.async_save, async_save_when_busy=args.async_save_when_busy),
+        project_config=ProjectConfiguration(async_save=args.async_save, async_save_when_busy=args.async_save_when_busy,
+                                            save_on_each_node=args.save_on_each_node),
     )
     accelerator.gradient_accumulation_steps = 1
     return accelerator

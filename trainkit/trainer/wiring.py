@@ -28,11 +28,6 @@ def engine_options(args: Any) -> dict[str, Any]:
     from trainkit.utils.dataclasses import (DataLoaderConfiguration, DistributedDataParallelKwargs,
                                             GradientAccumulationPlugin, InitProcessGroupKwargs)
 
-    if args.save_on_each_node:
-        state = args._process_state()
-        if state.local_world_size != state.world_size:
-            raise ValueError("save_on_each_node=True on several machines: trainkit's Trainer writes each checkpoint once, "
-                             "from the main process, so output_dir must be a filesystem all machines share.")
     ddp_fields = {"find_unused_parameters": args.ddp_find_unused_parameters, "bucket_cap_mb": args.ddp_bucket_cap_mb,
                   "broadcast_buffers": args.ddp_broadcast_buffers, "static_graph": args.ddp_static_graph}
     handlers: list[Any] = [InitProcessGroupKwargs(backend=args.ddp_backend, timeout=args.ddp_timeout_if_set)]
@@ -230,7 +225,7 @@ def batch_size_to_resume(trainer: Any, folder: str | None) -> None:
     if folder and trainer.args.auto_find_batch_size:
         from .checkpointing.resume import saved_train_batch_size
 
-        trainer._train_batch_size = saved_train_batch_size(folder) or trainer._train_batch_size
+        trainer._train_batch_size = saved_train_batch_size(trainer, folder) or trainer._train_batch_size
 
 
 def train_with_batch_size_search(trainer: Any, run: Callable[[], Any]) -> Any:

@@ -233,6 +233,18 @@ def p_async_save(tmp_path, monkeypatch):
     assert all(thread != main for thread, _ in commits), commits  # written in the background (default: here)
 
 
+def p_checkpoint_dir(tmp_path):
+    """checkpoint-N goes to checkpoint_dir (here an in-memory object store, fsspec's memory://), not output_dir."""
+    import uuid
+
+    from trainkit.engine.checkpoint.storage.object_store import ObjectStoreStorage
+
+    store = f"memory://proof-{uuid.uuid4().hex[:8]}/run"
+    quick(tmp_path, max_steps=2, save_strategy="steps", checkpoint_dir=store).train()
+    assert [entry.number for entry in ObjectStoreStorage().list(store, "checkpoint-") if entry.complete] == [1, 2]
+    assert not checkpoints(tmp_path / "out")
+
+
 def p_async_save_when_busy(tmp_path, monkeypatch):
     """A background write slowed to 0.5 s: with 'skip', the saves that find it still running are skipped."""
     import time

@@ -46,10 +46,11 @@ class TrackerAPI:
     def end_training(self) -> None:
         """Finish the checkpoint being written in the background (raising its error), flush and close the
         trackers; stop handling preemption signals."""
-        from trainkit.engine.checkpoint.async_writer import flush_background_writes
         from trainkit.engine.process.preemption import stop_watching
 
-        flush_background_writes(self)
+        finish_checkpoints = getattr(self, "_checkpoints_at_end", None)  # the Accelerator's CheckpointAPI
+        if finish_checkpoints is not None:
+            finish_checkpoints()
         stop_watching(self)
         for tracker in self.trackers:
             tracker.finish()

@@ -24,19 +24,12 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.checkpoint import (
-    list_checkpoints,
-    model_state,
-    verify_checkpoint,
-    write_state_files,
-)
-from trainkit.engine.checkpoint.async_writer import background_writer, flush_background_writes
-from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, latest_checkpoint_in
-from trainkit.engine.checkpoint.saving import save_checkpoint_folder
-from trainkit.engine.checkpoint.storage import checkpoint_io_of
+from trainkit.engine.checkpoint import TRAINER_CONVENTION, latest_checkpoint_in, list_checkpoints
 from trainkit.engine.data import PreparedDataLoader
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
+    from trainkit.engine.checkpoint import StagedCheckpoint
+
     from .protocol import CheckpointedTrainer as Trainer
 
 logger = logging.getLogger(__name__)
@@ -44,7 +37,7 @@ logger = logging.getLogger(__name__)
 PREFIX = TRAINER_CONVENTION.prefix
 TRAINER_STATE_NAME = "trainer_state.json"
 TRAINING_ARGS_NAME = "training_args.json"
-MODEL_WEIGHTS_NAME = model_state.model_file(0)
+MODEL_WEIGHTS_NAME = "model.safetensors"
 ENGINE_STATE_NAME = "accelerator_state.json"
 """Present exactly when the checkpoint holds the engine's state (not with ``save_only_model``)."""
 TRAINING_STATE_PATTERNS = ("optimizer*", "scheduler*", "scaler*", "dataloaders*", "custom_checkpoint_*",
@@ -52,25 +45,34 @@ TRAINING_STATE_PATTERNS = ("optimizer*", "scheduler*", "scaler*", "dataloaders*"
 """Files needed only to resume (left out of Hub uploads of the model; so is the manifest, which lists them)."""
 
 
+def run_folder(trainer: Trainer) -> str:
+    """Where this run's ``checkpoint-N`` folders go: ``checkpoint_dir`` (a folder or an object-store URL) when set,
+    else ``output_dir``; a search trial's ``run-{id}`` folder in it (``Trainer._get_output_dir``, as transformers
+    names it)."""
+    folder, root = trainer._get_output_dir(trainer._trial), getattr(trainer.args, "checkpoint_dir", None)
+    if not root:
+        return folder
+    trial = os.path.relpath(folder, trainer.args.output_dir)
+    return root if trial == "." else f"{root.rstrip('/')}/{trial}" if "://" in root else os.path.join(root, trial)
+
+
 def checkpoint_folder(output_dir: str, step: int) -> str:
-    """``output_dir/checkpoint-{step}``."""
+    """``output_dir/checkpoint-{step}`` (a URL stays a URL)."""
+    if "://" in output_dir:
+        return f"{output_dir.rstrip('/')}/{PREFIX}{step}"
     return os.path.join(output_dir, f"{PREFIX}{step}")
 
 
-def run_folder(trainer: Trainer) -> str:
-    """The folder of this run's checkpoints: ``output_dir``, or a search trial's ``run-{id}`` in it
-    (``Trainer._get_output_dir``, as transformers names it)."""
-    return trainer._get_output_dir(trainer._trial)
-
-
 def sorted_checkpoints(output_dir: str, complete_only: bool = True) -> list[str]:
-    """checkpoint-N folders in ``output_dir`` by increasing N (complete ones only, unless told otherwise)."""
+    """checkpoint-N folders in the local folder ``output_dir`` by increasing N (complete ones only, unless told
+    otherwise)."""
     return [entry.path for entry in list_checkpoints(output_dir, PREFIX)
             if not entry.staging and (entry.complete or not complete_only)]
 
 
 def latest_checkpoint(output_dir: str) -> str | None:
-    """The newest complete checkpoint in ``output_dir``; newer incomplete ones are skipped with a warning."""
+    """The newest complete checkpoint in the local folder ``output_dir``; newer incomplete ones are skipped with a
+    warning."""
     return latest_checkpoint_in(output_dir, [TRAINER_CONVENTION])
 
 
@@ -87,35 +89,32 @@ def training_loaders(train_dataloader: Any) -> list[Any]:
 
 def save_checkpoint(trainer: Trainer, folder: str, after_commit: Callable[[str], None] | None = None,
                     synchronous: bool = False) -> str | None:
-    """Collective: write ``folder`` atomically (see the module doc); return it (None: skipped while another
-    save is in flight, with ``async_save_when_busy="skip"``).
+    """Collective: write ``folder`` atomically through the Accelerator's checkpointer (see the module doc); return
+    it (None: skipped while another save is in flight, with ``async_save_when_busy="skip"``).
 
-    An existing sound checkpoint of the same name (from an earlier run in the same output_dir) is replaced
-    by renames once the new one is complete; one that does not verify (the newer checkpoint a resumed run
-    skipped because it was truncated or corrupted) is kept aside as ``checkpoint-N.damaged-{time}``.
-    With ``async_save`` the files are captured now and written in the background; ``after_commit`` runs
-    once the folder is visible (on the writer's thread then).
+    An existing sound checkpoint of the same name (from an earlier run in the same output_dir) is replaced once the
+    new one is complete; one that does not verify (the newer checkpoint a resumed run skipped) is kept aside. With
+    ``async_save`` the files are captured now and written in the background; ``after_commit`` runs once the
+    checkpoint is visible, on the process that wrote its shared files.
     """
-    accelerator, args = trainer.accelerator, trainer.args
-    metadata = {"kind": "trainer_checkpoint", "global_step": trainer.state.global_step}
+    args, state = trainer.args, trainer.state
+    metadata = {"kind": "trainer_checkpoint", "global_step": state.global_step}
+    loaders = training_loaders(trainer.callback_handler.train_dataloader)
 
-    def write_files(staging: str) -> None:
+    def write_files(staged: StagedCheckpoint) -> None:
         if args.save_only_model:
-            model, strategy = prepared_model(trainer), accelerator.strategy
-            model_state.save_model(strategy, model, staging, 0, strategy.checkpoint_is_sharded(model),
-                                   accelerator.is_main_process)
+            staged.write_model(prepared_model(trainer))
         else:
-            loaders = training_loaders(trainer.callback_handler.train_dataloader)
-            write_state_files(accelerator, staging, dataloaders=loaders)
-        if accelerator.is_main_process:
-            save_model_companions(trainer, staging)
-            with open(os.path.join(staging, TRAINING_ARGS_NAME), "w", encoding="utf-8") as handle:
-                handle.write(args.to_json_string())
-            trainer.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
+            staged.write_engine_state(dataloaders=loaders)
+        if staged.writes_shared:
+            with staged.local_folder() as local:
+                save_model_companions(trainer, local)
+                trainer.state.save_to_json(os.path.join(local, TRAINER_STATE_NAME))
+            staged.write_text(TRAINING_ARGS_NAME, args.to_json_string())
 
-    saved = save_checkpoint_folder(accelerator, folder, write_files, metadata=metadata, replace=True,
-                                   set_aside_damaged=True, after_commit=after_commit, synchronous=synchronous)
-    return None if saved is None else os.path.normpath(folder)
+    return trainer.accelerator.checkpointer.save(folder, write_files, metadata=metadata, replace=True,
+                                                 set_aside_damaged=True, after_commit=after_commit,
+                                                 synchronous=synchronous)
 
 
 def prepared_model(trainer: Trainer) -> Any:
@@ -153,34 +152,31 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
     is_best = state.best_global_step == state.global_step
     if only_if_best and args.save_strategy == "best" and not is_best:
         return None
-    run_dir = run_folder(trainer)
-    folder = checkpoint_folder(run_dir, state.global_step)
+    root = run_folder(trainer)
+    folder = checkpoint_folder(root, state.global_step)
     if is_best:
         state.best_model_checkpoint = folder
     state.stateful_callbacks = {type(cb).__name__: cb.state() for cb in trainer.callback_handler.callbacks
                                 if callable(getattr(cb, "state", None))}
     protected = [state.best_model_checkpoint, resumed_from]  # as of this save, even if rotation runs later
-    step, hub = state.global_step, trainer.hub
+    step, hub, checkpointer = state.global_step, trainer.hub, trainer.accelerator.checkpointer
 
-    def rotate_and_upload(committed: str) -> None:
-        if not trainer.accelerator.is_main_process:
-            return
-        checkpoint_io_of(trainer.accelerator).rotate(run_dir, args.save_total_limit, protected=protected,
-                                                     prefix=PREFIX)
-        if hub is not None and args.hub_strategy != "end":
+    def rotate_and_upload(committed: str) -> None:  # on the process that wrote the shared files (of each node)
+        checkpointer.rotate(root, args.save_total_limit, protected=protected, prefix=PREFIX)
+        if hub is not None and args.hub_strategy != "end" and trainer.accelerator.is_main_process:
             in_repo = os.path.basename(committed) if args.hub_strategy in ("checkpoint", "all_checkpoints") else None
             ignored = None if args.hub_strategy == "all_checkpoints" else list(TRAINING_STATE_PATTERNS)
             hub.upload(committed, f"Training in progress, step {step}", path_in_repo=in_repo, ignore_patterns=ignored)
 
     saved = save_checkpoint(trainer, folder, after_commit=rotate_and_upload, synchronous=synchronous)
-    if saved is not None and (background_writer(trainer.accelerator) is None or synchronous):
+    if saved is not None and (checkpointer.background_writer() is None or synchronous):
         trainer.accelerator.wait_for_everyone()  # rotation and upload are done before any rank goes on
-    return None if saved is None else os.path.normpath(folder)
+    return saved
 
 
 def finish_background_save(trainer: Trainer) -> None:
     """Collective: wait for the checkpoint being written in the background (if any) and raise its error."""
-    flush_background_writes(trainer.accelerator)
+    trainer.accelerator.checkpointer.flush()
 
 
 # -- loading weights ------------------------------------------------------------------------------
@@ -190,11 +186,4 @@ def load_model_weights(trainer: Trainer, folder: str, checksums: bool = True) ->
     Keys are checked before anything is copied: a checkpoint of another model names its missing,
     unexpected and mis-shaped keys and leaves the model untouched.
     """
-    verify_checkpoint(folder, checksums=checksums)
-    model_state.prepare_model_load(trainer.accelerator.strategy, prepared_model(trainer), folder, 0).apply()
-
-
-def has_engine_state(folder: str) -> bool:
-    """False for a ``save_only_model`` checkpoint (weights, config and trainer state only)."""
-    return os.path.isfile(os.path.join(folder, ENGINE_STATE_NAME))
-
+    trainer.accelerator.checkpointer.load_model(prepared_model(trainer), folder, 0, checksums=checksums)

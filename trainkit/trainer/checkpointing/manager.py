@@ -4,7 +4,9 @@ Every path that writes or reads a Trainer checkpoint goes through one :class:`Ch
 periodic save of the training loop, a save on demand (the preemption save calls :meth:`save_now`),
 ``train(resume_from_checkpoint=...)`` and ``load_best_model_at_end``. It remembers the folder the run
 resumed from, so rotation never deletes it. The files themselves are written by :mod:`.files`
-and loaded by :mod:`.resume`; which folder to resume from is decided by the engine's one finder.
+and loaded by :mod:`.resume`, both through the Accelerator's one checkpointer (``accelerator.checkpointer``), which
+also decides which folder to resume from, where the checkpoints are stored (``checkpoint_dir``: a folder or an
+object-store URL, default ``output_dir``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.checkpoint import CorruptedCheckpointError, IncompleteCheckpointError
-from trainkit.engine.checkpoint.atomic import decide_on_rank0
-from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, elastic_reason, find_resume_folder
-from trainkit.engine.checkpoint.storage import CheckpointIO, checkpoint_io_of
+from trainkit.engine.checkpoint import (
+    TRAINER_CONVENTION,
+    CorruptedCheckpointError,
+    IncompleteCheckpointError,
+    elastic_reason,
+)
 
 from . import files as checkpoints
 from . import preemption, resume
@@ -50,37 +54,34 @@ class CheckpointManager:
         ``async_save``: a save in flight is finished first, and this one is durable when it returns."""
         folder = checkpoints.save_training_checkpoint(self.trainer, self._resumed_from, only_if_best=False,
                                                       synchronous=True)
-        return folder if folder is not None else checkpoints.checkpoint_folder(checkpoints.run_folder(self.trainer),
-                                                                               self.trainer.state.global_step)
+        return folder if folder is not None else checkpoints.checkpoint_folder(
+            checkpoints.run_folder(self.trainer), self.trainer.state.global_step)
 
     def rotate(self) -> list[str]:
         """Main process: delete the oldest checkpoints beyond ``save_total_limit`` (never the best, the newest,
         nor the one resumed from); return what was deleted."""
         args, state = self.trainer.args, self.trainer.state
-        return self._io.rotate(checkpoints.run_folder(self.trainer), args.save_total_limit,
-                               protected=[state.best_model_checkpoint, self._resumed_from], prefix=checkpoints.PREFIX)
-
-    @property
-    def _io(self) -> CheckpointIO:
-        """The storage backend the Trainer's Accelerator writes with: rotation and resuming look there too."""
-        return checkpoint_io_of(self.trainer.accelerator)
+        return self.trainer.accelerator.checkpointer.rotate(
+            checkpoints.run_folder(self.trainer), args.save_total_limit,
+            protected=[state.best_model_checkpoint, self._resumed_from], prefix=checkpoints.PREFIX)
 
     def resume_folder(self, requested: str | os.PathLike | bool | None) -> str | None:
         """Collective: the folder ``train(resume_from_checkpoint=requested)`` resumes from (see
-        :func:`~trainkit.engine.checkpoint.resume_folder.find_resume_folder`), or None."""
-        output_dir = self.trainer.args.output_dir
+        :func:`trainkit.engine.checkpoint.find_resume_folder`), or None."""
+        output_dir, checkpointer = self.trainer.args.output_dir, self.trainer.accelerator.checkpointer
+        root = self.trainer.args.checkpoint_dir or output_dir  # as transformers: the run's folder, not a trial's
         if requested is True:
             try:
-                self._verified = find_resume_folder(True, output_dir, conventions=[TRAINER_CONVENTION], io=self._io)
+                self._verified = checkpointer.find_resume_folder(True, root, conventions=[TRAINER_CONVENTION])
             except FileNotFoundError:
-                raise ValueError(f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint.") from None
+                raise ValueError(f"resume_from_checkpoint=True but {root} has no complete checkpoint.") from None
             return self._verified
         reason = elastic_reason(self.trainer.accelerator.config.elastic)
-        if requested is None and decide_on_rank0("look for a preemption marker",
-                                                 lambda: preemption.was_preempted(output_dir)):
+        if requested is None and checkpointer.decide("look for a preemption marker",
+                                                     lambda: preemption.was_preempted(output_dir)):
             reason = f"The previous run in {output_dir} was stopped by a preemption signal"
-        folder = find_resume_folder(requested, output_dir, conventions=[TRAINER_CONVENTION], automatic_reason=reason,
-                                    io=self._io)
+        folder = checkpointer.find_resume_folder(requested, root, conventions=[TRAINER_CONVENTION],
+                                                 automatic_reason=reason)
         self._verified = folder if requested is None else None  # chosen automatically: checksummed already
         return folder
 

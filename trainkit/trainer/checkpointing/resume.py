@@ -13,15 +13,14 @@ batches itself.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
-import os
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from trainkit.engine.checkpoint.global_batch import BatchShape, keep_global_batch, saved_batch_shape
+from trainkit.engine.checkpoint import BatchShape, keep_global_batch
 from trainkit.engine.data import PreparedDataLoader
 
-from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, has_engine_state, load_model_weights, training_loaders
+from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, prepared_model, training_loaders
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import CheckpointedTrainer as Trainer
@@ -43,24 +42,24 @@ START = ResumePoint(0, 0)
 
 def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_per_epoch: int | None, *,
                     verify_checksums: bool = True) -> ResumePoint:
-    """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state).
-    ``verify_checksums=False``: sizes only, for a folder the caller has just verified."""
+    """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state): the
+    checkpointer is asked once to resume from it. ``verify_checksums=False``: sizes only, for a folder the caller
+    has just verified."""
     from ..callbacks import TrainerState
 
-    if trainer.accelerator.is_main_process:
+    accelerator = trainer.accelerator
+    if accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
-    position_restored = False
-    if has_engine_state(folder):
-        # Verifies the manifest first; nothing is half-loaded.
-        trainer.accelerator.load_state(folder, dataloaders=training_loaders(train_dataloader),
-                                       verify_checksums=verify_checksums, keep_global_batch=False)
-        position_restored = isinstance(train_dataloader, PreparedDataLoader) and train_dataloader.resume_mid_epoch
-    else:
-        if trainer.accelerator.is_main_process:
-            logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
-                           "states start afresh, so the run will not continue exactly.", folder)
-        load_model_weights(trainer, folder, checksums=verify_checksums)
-    loaded = TrainerState.load_from_json(os.path.join(folder, TRAINER_STATE_NAME))
+    # Verified first; nothing is half-loaded. The Trainer owns the accumulation (keep_global_batch_on_resume).
+    resumed = accelerator.checkpointer.resume(folder, model=prepared_model(trainer), read=[TRAINER_STATE_NAME],
+                                              dataloaders=training_loaders(train_dataloader),
+                                              verify_checksums=verify_checksums, keep_global_batch=False)
+    position_restored = (resumed.engine_state and isinstance(train_dataloader, PreparedDataLoader)
+                         and train_dataloader.resume_mid_epoch)
+    if not resumed.engine_state and accelerator.is_main_process:
+        logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
+                       "states start afresh, so the run will not continue exactly.", folder)
+    loaded = _trainer_state(TrainerState, resumed.files[TRAINER_STATE_NAME] or {})
     _warn_about_changed_plan(trainer, loaded, folder)
     _adopt_state(trainer, loaded)
 
@@ -71,22 +70,17 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     steps_done = loaded.global_step % steps_per_epoch if steps_per_epoch else 0
     if position_restored or not steps_per_epoch:
         return ResumePoint(steps_done, 0)  # the loader continues at its next sample by itself
-    return ResumePoint(steps_done, steps_done * trainer.accelerator.config.gradient_accumulation_steps)
+    return ResumePoint(steps_done, steps_done * accelerator.config.gradient_accumulation_steps)
 
 
 def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader: Any) -> None:
     """Before the run is planned: on another world size than ``folder`` was saved on, rescale the run's
     accumulation (``accelerator.config``; the arguments stay as written) so the global batch stays
     (engine/checkpoint/global_batch.py decides, and refuses where it does not divide); says what changed."""
-    args_path = os.path.join(folder, TRAINING_ARGS_NAME)
-    if not os.path.isfile(args_path):
+    accelerator = trainer.accelerator
+    saved = accelerator.checkpointer.saved_batch_shape(folder, accumulation_from=TRAINING_ARGS_NAME)
+    if saved is None:
         return
-    with open(args_path, encoding="utf-8") as handle:
-        saved_accumulation = json.load(handle).get("gradient_accumulation_steps")
-    saved = saved_batch_shape(folder, accumulation=saved_accumulation)
-    if saved is None or saved_accumulation is None:
-        return
-    args, accelerator = trainer.args, trainer.accelerator
     current = BatchShape(accelerator.num_processes, getattr(train_dataloader, "global_batch_size", None),
                          accelerator.config.gradient_accumulation_steps)
     rescale = keep_global_batch(saved, current, folder)
@@ -98,14 +92,21 @@ def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader:
         logger.warning("trainkit: %s", rescale.describe(previous, accelerator.num_processes))
 
 
-def saved_train_batch_size(folder: str) -> int | None:
-    """The per-process training batch size ``folder``'s run used (its trainer_state.json), None if unknown."""
-    from ..callbacks import TrainerState
+def _trainer_state(state_class: Any, data: dict[str, Any]) -> Any:
+    """The TrainerState of a checkpoint's ``trainer_state.json`` (read through the checkpoint's storage; as
+    ``TrainerState.load_from_json`` reads a local file, unknown keys left out)."""
+    known = {field.name for field in dataclasses.fields(state_class)}
+    ignored = sorted(set(data) - known)
+    if ignored:
+        logger.info("trainer_state.json: ignoring keys %s", ignored)
+    return state_class(**{key: value for key, value in data.items() if key in known})
 
-    path = os.path.join(folder, TRAINER_STATE_NAME)
-    if not os.path.isfile(path):
-        return None
-    return TrainerState.load_from_json(path).train_batch_size
+
+def saved_train_batch_size(trainer: Trainer, folder: str) -> int | None:
+    """The per-process training batch size ``folder``'s run used (its trainer_state.json, read where the checkpoint
+    is stored), None if unknown."""
+    state = trainer.accelerator.checkpointer.read_json(folder, TRAINER_STATE_NAME)
+    return None if state is None else state.get("train_batch_size")
 
 
 def _warn_about_changed_plan(trainer: Trainer, loaded: Any, folder: str) -> None:
