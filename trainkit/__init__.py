@@ -9,7 +9,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0.dev0"
+__trainkit_version__ = "0.1.0.dev0"
+"""trainkit's own release (the package's version, as ``pip show trainkit`` prints it)."""
+__accelerate_version__ = "1.15.0"
+"""The Accelerate release whose API trainkit implements (``compare_versions("accelerate", ...)`` answers with it)."""
+__version__ = f"{__accelerate_version__}+trainkit.{__trainkit_version__}"
+"""A PEP 440 version that compares as ``__accelerate_version__`` (its public part) and names trainkit's release
+in its local label: a script written for Accelerate that gates a feature on ``accelerate.__version__`` (after
+``import trainkit as accelerate``) sees the API it runs on. docs/migrating-from-accelerate.md, "Version gates"."""
 
 _LAZY = {
     "Accelerator": "trainkit.engine.accelerator",
@@ -27,6 +34,7 @@ _LAZY = {
     "find_executable_batch_size": "trainkit.utils.memory",
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
+    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
     "notebook_launcher": "trainkit.engine.process.launchers",
     "debug_launcher": "trainkit.engine.process.launchers",
     "ProcessState": "trainkit.engine.process.state",

@@ -108,7 +108,7 @@ def test_accelerate_helpers_scripts_import(tmp_path, caplog):
     from trainkit.logging import get_logger
 
     accelerator = Accelerator()
-    assert PartialState() is accelerator.state and accelerator.state.num_processes == 1
+    assert PartialState().device == accelerator.state.device and accelerator.state.num_processes == 1
     accelerator.save({"w": torch.ones(2)}, tmp_path / "w.safetensors", safe_serialization=True)
     assert torch.equal(load_file(tmp_path / "w.safetensors")["w"], torch.ones(2))
     logger = get_logger("trainkit.test")

@@ -49,6 +49,7 @@ from trainkit.engine.data.sampling import shared_data_seed
 from trainkit.engine.process.control import only_when
 from trainkit.engine.process.splitting import split_between
 from trainkit.engine.process.state import ProcessState, require_accelerator_state
+from trainkit.engine.process.state_views import AcceleratorState
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.api.trackers import TrackerAPI
 from trainkit.engine.tracking import GeneralTracker, resolve_log_with
@@ -143,9 +144,11 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             parallelism_config=parallelism_config, torch_tp_plugin=torch_tp_plugin)
         self.config = config
         """The resolved settings and where each came from (see :class:`trainkit.config.engine.EngineConfig`)."""
-        self.state = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
-                                      timeout=timedelta(seconds=config.collective_timeout))
-        self.state.attach_accelerator(self)
+        process = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
+                                   timeout=timedelta(seconds=config.collective_timeout))
+        process.attach_accelerator(self)
+        self.state = AcceleratorState(_from_accelerator=True)
+        """Accelerate's ``AcceleratorState`` (a view of the process state; see ``state_views``)."""
         self.device_placement = device_placement
         announce(config, is_main_process=self.state.is_main_process, device=self.state.device)
 
@@ -153,7 +156,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         self.deepspeed = config.deepspeed
         """The translated DeepSpeed config, when the run has one (its ZeRO stage runs on DDP/FSDP2)."""
         self.deepspeed_plugin = deepspeed_plugin
-        self.state.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
+        process.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
         if self.deepspeed is not None and self.deepspeed.scaler_kwargs and scaler_kwargs is None:
             scaler_kwargs = self.deepspeed.scaler_kwargs
         self.gradient_state = GradientState(config.gradient_accumulation_steps)
@@ -192,8 +195,9 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
 
     def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
-        self.parallel_dims = parallel_dims_for(config, self.state)
-        return select_strategy(StrategyRequest(self.state, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
+        process = ProcessState.get()  # the engine's own object behind the state view
+        self.parallel_dims = parallel_dims_for(config, process)
+        return select_strategy(StrategyRequest(process, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
                                                ddp_kwargs=ddp_kwargs, comm_hook=self._compat.ddp_comm_hook(),
                                                parallel_dims=self.parallel_dims))
 
@@ -356,10 +360,16 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         for i, obj in enumerate(args):
             if _is_scheduler(obj) or isinstance(obj, DummyScheduler):
                 prepared[i] = self.prepare_scheduler(obj)
+        for obj in prepared:  # Accelerate's mark on what it prepared (scripts and libraries test it)
+            if any(obj is known for known in (*self._models, *self._optimizers, *self._schedulers, *self._dataloaders)):
+                obj._is_accelerate_prepared = True
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
-        """Convert one model for the precision, then place and wrap it (autocast forward under mixed precision)."""
+        """Convert one model for the precision, then place and wrap it (autocast forward under mixed precision).
+        A model this Accelerator prepared already is returned as it is."""
+        if any(model is known for known in self._models):
+            return model
         model = self.precision.convert_module(model)
         if self.precision.enabled and self.strategy.wants_autocast and not hasattr(model, "_trainkit_original_forward"):
             # Instance attributes shadow the class's forward; setattr because nn.Module types attributes as tensors.

@@ -62,7 +62,6 @@ from .environment import (
 )
 from .memory import find_executable_batch_size, release_memory
 from .other import (
-    compare_versions,
     compile_regions,
     compile_regions_deepspeed,
     convert_bytes,
@@ -75,6 +74,7 @@ from .other import (
 )
 from .progress import tqdm
 from .random import set_seed, synchronize_rng_state, synchronize_rng_states
+from .versions import compare_versions
 
 _AVAILABILITY = {name: getattr(_imports, name) for name in dir(_imports) if name.startswith("is_")}
 globals().update(_AVAILABILITY)
@@ -87,6 +87,7 @@ _LAZY = {
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "skip_first_batches": "trainkit.data_loader",
+    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
     # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
     "DummyOptim": "trainkit.engine.strategies.deepspeed",
     "DummyScheduler": "trainkit.engine.strategies.deepspeed",

@@ -1,16 +1,11 @@
-"""Small general helpers of ``accelerate.utils`` (dictionaries, names, versions, sizes, ports, PEFT models)."""
+"""Small general helpers of ``accelerate.utils`` (dictionaries, names, sizes, ports, PEFT models)."""
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import socket
 from collections.abc import Callable
 from typing import Any
-
-from packaging.version import Version, parse
-
-from trainkit.utils.constants import STR_OPERATION_TO_FUNC
 
 
 def merge_dicts(source: dict, destination: dict) -> dict:
@@ -33,16 +28,6 @@ def get_pretty_name(obj: Any) -> str:
     if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
         obj = getattr(obj, "__class__", obj)
     return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or str(obj)
-
-
-def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:
-    """Compare an installed library's version (by name) or a version with ``requirement_version``."""
-    if operation not in STR_OPERATION_TO_FUNC:
-        raise ValueError(f"compare_versions: operation must be one of {list(STR_OPERATION_TO_FUNC)}, "
-                         f"got {operation!r}")
-    if isinstance(library_or_version, str):
-        library_or_version = parse(importlib.metadata.version(library_or_version))
-    return bool(STR_OPERATION_TO_FUNC[operation](library_or_version, parse(requirement_version)))
 
 
 def convert_bytes(size: float) -> str:
@@ -101,3 +86,12 @@ def compile_regions(module: Any, **compile_kwargs: Any) -> Any:
 def compile_regions_deepspeed(module: Any, **compile_kwargs: Any) -> None:
     """:func:`compile_regions` for the module of a run with a DeepSpeed config (trainkit's is a plain module)."""
     compile_regions(module, **compile_kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    # accelerate.utils.other also holds extract_model_from_parallel; here it loads the engine on first use.
+    if name == "extract_model_from_parallel":
+        from trainkit.utils.operations import extract_model_from_parallel
+
+        return extract_model_from_parallel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

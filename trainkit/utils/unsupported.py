@@ -8,6 +8,7 @@ without that hardware.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 NOT_DRIVEN: dict[str, str] = {}
@@ -39,10 +40,19 @@ NOT_DRIVEN.update({name: _FP8 for name in (
     "apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model", "convert_model_to_fp8_ao",
     "has_transformer_engine_layers", "has_ao_layers", "filter_first_and_last_linear_layers", "torchao_required",
     "check_cuda_fp8_capability")})
-NOT_DRIVEN.update({name: _BNB for name in ("BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers")})
+NOT_DRIVEN.update({name: _BNB for name in (
+    "BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers", "get_quantized_model_device_map",
+    "replace_with_bnb_layers", "get_keys_to_not_convert", "get_parameter_device", "quantize_and_offload_8bit")})
 NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
-    "load_checkpoint_and_dispatch", "load_checkpoint_in_model", "OffloadedWeightsLoader", "PrefixedDataset",
+    "load_checkpoint_and_dispatch", "OffloadedWeightsLoader", "PrefixedDataset",
+    "attach_layerwise_casting_hooks", "get_state_dict_from_offload",
+    "get_state_dict_offloaded_model", "clean_device_map", "check_device_same", "get_non_persistent_buffers",
+    "compute_module_total_buffer_size", "get_module_leaves", "get_module_size_with_ties", "fallback_allocate",
+    # accelerate.hooks: the module hooks big-model inference dispatches with
+    "ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "AlignDevicesHook",
+    "attach_execution_device_hook", "attach_align_device_hook", "remove_hook_from_submodules",
+    "attach_align_device_hook_on_blocks", "CpuOffload", "UserCpuOffloadHook", "LayerwiseCastingHook",
     "check_device_map", "get_balanced_memory", "get_max_memory", "offload_state_dict", "offload_weight",
     "load_offloaded_weight", "load_offloaded_weights", "save_offload_index", "has_offloaded_params",
     "align_module_device", "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
@@ -54,7 +64,7 @@ NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs"
 NOT_DRIVEN.update({name: _PIPPY for name in ("prepare_pippy",)})
 NOT_DRIVEN.update({name: _LAUNCH for name in (
     "PrepareForLaunch", "prepare_multi_gpu_env", "prepare_deepspeed_cmd_env", "prepare_simple_launcher_cmd_env",
-    "set_numa_affinity")})
+    "set_numa_affinity", "setup_fp8_env", "prepare_extend_env_parallelism_config", "env_var_path_add")})
 NOT_DRIVEN.update({name: _FSDP1 for name in (
     "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer", "fsdp2_apply_ac",
     "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict", "fsdp2_prepare_model",
@@ -100,3 +110,20 @@ def refusing_class(name: str) -> type:
 def placeholder(name: str) -> Any:
     """The placeholder for a name of :data:`NOT_DRIVEN`: a class for a capitalised name, else a function."""
     return refusing_class(name) if name[:1].isupper() else refusing_function(name)
+
+
+def refusing_module(module_name: str, names: tuple[str, ...]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of an Accelerate module path whose ``names`` are all features trainkit does not
+    drive (``trainkit.hooks`` for ``accelerate.hooks``...): each name is a placeholder built on first use, so
+    ``from accelerate.hooks import ModelHook`` imports and only using it raises, with the reason."""
+    unknown = [name for name in names if name not in NOT_DRIVEN]
+    if unknown:
+        raise AssertionError(f"{module_name}: no reason recorded for {unknown}")
+    placeholders: dict[str, Any] = {}
+
+    def module_getattr(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        return placeholders.setdefault(name, placeholder(name))
+
+    return module_getattr

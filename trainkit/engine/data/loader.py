@@ -29,6 +29,7 @@ from trainkit.engine.step.accumulation import GradientState
 from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 from .device import send_to_device
+from .shard_attributes import ShardAttributes
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
 from .dispatch import dispatched_batches
 from .generator_sync import SyncedGenerator
@@ -107,7 +108,7 @@ class DataLoaderStateMixin:
         self.gradient_state.pop(self)  # type: ignore[arg-type]
 
 
-class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
+class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
     """A DataLoader that yields this rank's part of each global batch, already on the device."""
 
     # Accelerate's constructor (``DataLoaderShard(dataset, batch_sampler=BatchSamplerShard(...), ...)``) for code that
@@ -212,9 +213,11 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         return self.dataset
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration use ``epoch``'s shuffling order (called for you at each new pass)."""
+        """Make the next iteration use ``epoch``'s shuffling order (called for you at each new pass); samplers and
+        datasets with a ``set_epoch`` of their own (the script's batch sampler too) hear of it at once."""
         if epoch != self.progress.epoch:
             self.progress.move_to(epoch)
+        self._propagate_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The position to store in a checkpoint, with the shuffling seed that gives it meaning.
@@ -299,12 +302,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     # -- iteration ----------------------------------------------------------------------------------
     def _begin_iteration(self) -> None:
         epoch = self.progress.epoch
-        for target in (getattr(self._shard, "batch_sampler", None), self._shard, self.dataset):
-            sampler = getattr(target, "sampler", None)
-            if hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
+        self._propagate_epoch(epoch)
         skip = self.progress.pending_skip + self.skipped_batches * (self.global_batch_size or 0)
         self.progress.pending_skip = 0
         self.progress.last_batch_yielded = False
@@ -565,6 +563,8 @@ def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: i
                     seed: int, common: dict[str, Any], kwargs: dict[str, Any]) -> PreparedDataLoader:
     """A loader over a :class:`StreamShard`: this rank's workers read only this rank's shards."""
     batch_size = dataloader.batch_size
+    if batch_size is None and num_processes == 1:  # unbatched samples on one process: nothing to shard
+        return PreparedDataLoader._build(dataloader.dataset, batch_size=None, global_batch_size=None, **common, **kwargs)
     if batch_size is None:
         raise ConfigError("An iterable dataset needs a DataLoader with a batch_size to be sharded across processes.")
     if config.split_batches:
