@@ -20,6 +20,7 @@ from trainkit.engine.tracking import (
     TensorBoardTracker,
     WandBTracker,
     available_trackers,
+    check_logging_directory,
     register_tracker,
     resolve_log_with,
     tracker_classes,
@@ -43,13 +44,7 @@ def get_available_trackers() -> list[str]:
 def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None) -> list[Any]:
     """``log_with`` checked and expanded: "all" becomes every installed tracker, repeats go, unknown names and
     trackers that need a ``logging_dir`` without one are errors."""
-    resolved = resolve_log_with(log_with)
-    unique = list(dict.fromkeys(resolved))
-    for item in unique:
-        cls = LOGGER_TYPE_TO_CLASS.get(item) if isinstance(item, str) else None
-        if cls is not None and getattr(cls, "requires_logging_directory", False) and logging_dir is None:
-            raise ValueError(f"Logging with {item!r} needs a logging_dir.")
-    return unique
+    return check_logging_directory(list(dict.fromkeys(resolve_log_with(log_with))), logging_dir)
 
 
 def on_main_process(function: Callable[..., Any]) -> Callable[..., Any]:

@@ -52,7 +52,7 @@ from trainkit.engine.process.state import ProcessState, require_accelerator_stat
 from trainkit.engine.process.state_views import AcceleratorState
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.api.trackers import TrackerAPI
-from trainkit.engine.tracking import GeneralTracker, resolve_log_with
+from trainkit.engine.tracking import GeneralTracker, check_logging_directory, resolve_log_with
 from trainkit.engine.step.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
     AutocastKwargs,
@@ -172,7 +172,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             self.project_configuration.set_directories(os.fspath(project_dir))
         announce_dataloader_options(self.dataloader_config, self.project_configuration)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.log_with = resolve_log_with(log_with)
+        self.log_with = check_logging_directory(resolve_log_with(log_with), self.logging_dir)
         self.trackers: list[GeneralTracker] = []
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
@@ -360,9 +360,6 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         for i, obj in enumerate(args):
             if _is_scheduler(obj) or isinstance(obj, DummyScheduler):
                 prepared[i] = self.prepare_scheduler(obj)
-        for obj in prepared:  # Accelerate's mark on what it prepared (scripts and libraries test it)
-            if any(obj is known for known in (*self._models, *self._optimizers, *self._schedulers, *self._dataloaders)):
-                obj._is_accelerate_prepared = True
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
@@ -382,6 +379,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         wrapped = model if sharded_by_transformers(model) else model.to(self.device) if evaluation_mode else \
             self.strategy.wrap_model(model)
         self._models.append(wrapped)
+        wrapped._is_accelerate_prepared = True  # Accelerate's mark (the prepared wrappers carry it as a class attribute)
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer | DummyOptim,
@@ -543,9 +541,11 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``/``load_state``."""
-        invalid = [obj for obj in objects if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
+        invalid = [f"Item at index {index}, `{type(obj).__name__}`" for index, obj in enumerate(objects)
+                   if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
         if invalid:
-            raise ValueError(f"Objects need state_dict() and load_state_dict() to be checkpointed: {invalid!r}")
+            raise ValueError("Objects need state_dict() and load_state_dict() to be checkpointed; these have not:\n\t- "
+                             + "\n\t- ".join(invalid))
         self._custom_objects.extend(objects)
 
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,

@@ -66,6 +66,7 @@ from .other import (
     compile_regions_deepspeed,
     convert_bytes,
     deepspeed_required,
+    get_model_tp_size,
     get_pretty_name,
     is_peft_model,
     is_port_in_use,
@@ -119,7 +120,7 @@ __all__ = sorted([
     "check_cuda_p2p_ib_support", "get_cpu_distributed_information", "get_gpu_info", "get_grad_scaler",
     "clear_environment", "compare_versions", "compile_regions", "compile_regions_deepspeed", "convert_bytes",
     "convert_dict_to_env_variables", "deepspeed_required", "get_current_device_type", "get_int_from_env",
-    "get_pretty_name", "is_peft_model", "is_port_in_use", "merge_dicts", "parse_choice_from_env",
+    "get_model_tp_size", "get_pretty_name", "is_peft_model", "is_port_in_use", "merge_dicts", "parse_choice_from_env",
     "parse_flag_from_env", "patch_environment", "purge_accelerate_environment", "recursive_getattr", "str_to_bool", "synchronize_rng_states", "tqdm", *_AVAILABILITY,
     *_CONSTANTS, *_LAZY,
 ])

@@ -75,7 +75,8 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
     for name in removed:
         del state_dict[name]
     if removed:
-        logger.warning("Removed shared tensors %s while saving: they alias another entry.", removed)
+        logger.warning(f"Removed shared tensor {removed} while saving: they alias another entry, which keeps their "
+                       "values (tie them again after loading).")
     return {key: value.contiguous() if isinstance(value, torch.Tensor) else value for key, value in state_dict.items()}
 
 

@@ -1,4 +1,4 @@
-"""Small general helpers of ``accelerate.utils`` (dictionaries, names, sizes, ports, PEFT models)."""
+"""Small general helpers of ``accelerate.utils`` (dictionaries, names, sizes, ports, PEFT and TP models)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,17 @@ def get_pretty_name(obj: Any) -> str:
     if not hasattr(obj, "__qualname__") and not hasattr(obj, "__name__"):
         obj = getattr(obj, "__class__", obj)
     return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or str(obj)
+
+
+def get_model_tp_size(model: Any) -> int | None:
+    """The tensor-parallel degree a transformers model was loaded with (``from_pretrained(tp_plan=...)`` or
+    ``distributed_config``), or None: ``model.tp_size`` (transformers 4.x), else the config's
+    ``distributed_config.tp_size`` (5.x; a dict after a JSON round trip)."""
+    if getattr(model, "tp_size", None) is not None:
+        return int(model.tp_size)
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    size = distributed.get("tp_size") if isinstance(distributed, dict) else getattr(distributed, "tp_size", None)
+    return None if size is None else int(size)
 
 
 def convert_bytes(size: float) -> str:

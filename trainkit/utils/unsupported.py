@@ -59,7 +59,7 @@ NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "check_tied_parameters_in_config", "get_mixed_precision_context_manager", "set_module_tensor_to_device")})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
     "TorchTensorParallelPlugin", "TorchTensorParallelConfig", "TorchContextParallelConfig",
-    "DeepSpeedSequenceParallelConfig", "get_model_tp_size")})
+    "DeepSpeedSequenceParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
 NOT_DRIVEN.update({name: _PIPPY for name in ("prepare_pippy",)})
 NOT_DRIVEN.update({name: _LAUNCH for name in (

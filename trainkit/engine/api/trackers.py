@@ -34,9 +34,14 @@ class TrackerAPI:
             logging_dir = self.logging_dir or self.project_dir or "runs"
             self.trackers = start_trackers(project_name, logging_dir, self.log_with, init_kwargs, config)
 
-    def get_tracker(self, name: str, unwrap: bool = False) -> GeneralTracker:
-        """The started tracker called ``name``."""
-        return find_tracker(self.trackers, name)
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called ``name``: trainkit's tracker object, or with ``unwrap`` the library's own
+        (TensorBoard's ``SummaryWriter``, the W&B run, MLflow's active run). Where no tracker was started (the
+        other processes, or before ``init_trackers``), an empty ``GeneralTracker``, as in Accelerate."""
+        if not self.trackers:
+            return GeneralTracker(_blank=True)
+        tracker = find_tracker(self.trackers, name)
+        return tracker.tracker if unwrap else tracker
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict] | None = None) -> None:
         """Send values to every tracker (main process only; nested dicts as each tracker groups them)."""

@@ -24,6 +24,8 @@ class ShardAttributes:
     dataset: Any
     _shard: Any
     base_dataloader = _ThisLoader()
+    _is_accelerate_prepared = True
+    """Accelerate's mark on what ``prepare`` returned (libraries test it)."""
 
     if TYPE_CHECKING:
         def set_epoch(self, epoch: int) -> None: ...

@@ -49,6 +49,10 @@ class _SharedStateView:
         # Only called when the view has no such attribute: the process state answers, or the error says why.
         process = self.__dict__.get("_process")
         label = type(self).__name__
+        if process is None and name not in self._known_attrs:
+            # Accelerate's methods and derived properties (is_main_process, wait_for_everyone...) live on the class
+            # and keep working after AcceleratorState._reset_state(); only the stored attributes are gone.
+            process = ProcessState._instance
         if process is not None:
             try:
                 return getattr(process, name)
@@ -113,7 +117,7 @@ class AcceleratorState(_SharedStateView):
 
     _shared_state: ClassVar[dict[str, Any]] = {}
     _known_attrs = (*PartialState._known_attrs, "deepspeed_plugin", "fsdp_plugin", "megatron_lm_plugin",
-                    "dynamo_plugin")
+                    "dynamo_plugin", "mixed_precision", "parallelism_config")
 
     def __init__(self, mixed_precision: str | None = None, cpu: bool = False, dynamo_plugin: Any = None,
                  deepspeed_plugin: Any = None, fsdp_plugin: Any = None, torch_tp_plugin: Any = None,

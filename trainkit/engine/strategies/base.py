@@ -208,8 +208,12 @@ class Strategy:
         if not state_dict.get("state"):
             _load_hyperparameters(optimizer, state_dict.get("param_groups", []))
             return
+        tuples = [{key for key, value in group.items() if isinstance(value, tuple)} for group in optimizer.param_groups]
         set_optimizer_state_dict(model, optimizer, state_dict, options=StateDictOptions(
             full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0))
+        # torch's full-state load hands tuples back as lists (Adam's betas); keep the types the optimizer had.
+        for group, keys in zip(optimizer.param_groups, tuples):
+            group.update({key: tuple(group[key]) for key in keys if isinstance(group.get(key), list)})
 
 
 def _load_hyperparameters(optimizer: torch.optim.Optimizer, saved_groups: list[dict[str, Any]]) -> None:

@@ -24,9 +24,18 @@ class JSONLTracker(GeneralTracker):
     requires_logging_directory = True
 
     def __init__(self, run_name: str, logging_dir: str) -> None:
+        super().__init__()
         self.directory = os.path.join(logging_dir, run_name)
-        os.makedirs(self.directory, exist_ok=True)
         self.path = os.path.join(self.directory, "metrics.jsonl")
+
+    def start(self) -> None:
+        """Create the run's folder."""
+        os.makedirs(self.directory, exist_ok=True)
+
+    @property
+    def tracker(self) -> str:
+        """The metrics file (the JSONL log has no client object)."""
+        return self.path
 
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
         with open(os.path.join(self.directory, "config.json"), "w", encoding="utf-8") as handle:

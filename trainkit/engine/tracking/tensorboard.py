@@ -23,11 +23,20 @@ class TensorBoardTracker(GeneralTracker):
 
     def __init__(self, run_name: str, logging_dir: str, **kwargs: Any) -> None:
         """Keywords go to ``SummaryWriter``; its ``log_dir`` (trainkit; Accelerate's tracker refuses it) writes
-        the event files in that folder instead of ``<logging_dir>/<run_name>`` (the Trainer's ``logging_dir``)."""
+        the event files in that folder instead of ``<logging_dir>/<run_name>`` (the Trainer's ``logging_dir``).
+        Nothing is created before :meth:`start` (``init_trackers`` calls it), as in Accelerate."""
+        super().__init__()
+        self.run_name = run_name
+        self.logging_dir_param = logging_dir
+        self.logging_dir = kwargs.pop("log_dir", None) or os.path.join(logging_dir, run_name)
+        """The folder of this run's event files (Accelerate's attribute)."""
+        self.init_kwargs = kwargs
+
+    def start(self) -> None:
+        """Open the ``SummaryWriter``."""
         from torch.utils.tensorboard import SummaryWriter
 
-        folder = kwargs.pop("log_dir", None) or os.path.join(logging_dir, run_name)
-        self.writer = SummaryWriter(folder, **kwargs)
+        self.writer = SummaryWriter(self.logging_dir, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
@@ -48,6 +57,12 @@ class TensorBoardTracker(GeneralTracker):
                 self.writer.add_scalars(key, _numbers_only(key, value), global_step=step)
             else:
                 warn_skipped(self.name, key, value)
+        self.writer.flush()
+
+    def log_images(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Each value is a batch of images (``SummaryWriter.add_images``; ``kwargs`` such as ``dataformats`` go there)."""
+        for key, images in values.items():
+            self.writer.add_images(key, images, global_step=step, **kwargs)
         self.writer.flush()
 
     def finish(self) -> None:

@@ -16,9 +16,16 @@ class WandBTracker(GeneralTracker):
     requires_logging_directory = False
 
     def __init__(self, run_name: str, **kwargs: Any) -> None:
+        """Keywords go to ``wandb.init`` when :meth:`start` runs (``init_trackers`` calls it), as in Accelerate."""
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+
+    def start(self) -> None:
+        """Start the W&B run (``wandb.init(project=run_name, **init_kwargs)``)."""
         import wandb
 
-        self.run = wandb.init(project=run_name, **kwargs)
+        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
@@ -30,6 +37,20 @@ class WandBTracker(GeneralTracker):
 
     def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
         self.run.log(dict(values), step=step, **kwargs)
+
+    def log_images(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Each value is a list of images (arrays or PIL images), logged as ``wandb.Image`` objects."""
+        import wandb
+
+        for key, images in values.items():
+            self.log({key: [wandb.Image(image) for image in images]}, step=step, **kwargs)
+
+    def log_table(self, table_name: str, columns: list[str] | None = None, data: list[list[Any]] | None = None,
+                  dataframe: Any = None, step: int | None = None, **kwargs: Any) -> None:
+        """Log a ``wandb.Table`` from ``columns`` and ``data`` rows, or from a ``dataframe``."""
+        import wandb
+
+        self.log({table_name: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step=step, **kwargs)
 
     def finish(self) -> None:
         self.run.finish()
