@@ -7,12 +7,11 @@ raise when constructed: subclass :class:`GeneralTracker` for them and pass an in
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
-from collections.abc import Callable
 from typing import Any
 
+from trainkit.engine.tracking.base import on_main_process
 from trainkit.engine.tracking import (
     GeneralTracker,
     JSONLTracker,
@@ -45,22 +44,6 @@ def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None)
     """``log_with`` checked and expanded: "all" becomes every installed tracker, repeats go, unknown names and
     trackers that need a ``logging_dir`` without one are errors."""
     return check_logging_directory(list(dict.fromkeys(resolve_log_with(log_with))), logging_dir)
-
-
-def on_main_process(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator for tracker methods: run on the main process only when the tracker's ``main_process_only``
-    is true (checked at call time)."""
-
-    @functools.wraps(function)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "main_process_only", False):
-            from trainkit.engine.process.state import ProcessState
-
-            if not ProcessState.get().is_main_process:
-                return None
-        return function(self, *args, **kwargs)
-
-    return wrapper
 
 
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:

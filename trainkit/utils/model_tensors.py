@@ -109,6 +109,8 @@ def convert_file_size_to_int(size: int | str) -> int:
                 value = int(float(size[: -len(unit)]) * factor)
             except ValueError:
                 break
+            if value < 0:
+                break
             return value // 8 if size.endswith("b") else value
     raise ValueError(f"size {size!r} is not valid: use an integer of bytes or a string with a unit, like '5.0GB'.")
 
@@ -116,8 +118,8 @@ def convert_file_size_to_int(size: int | str) -> int:
 def compute_module_sizes(model: nn.Module, dtype: str | torch.dtype | None = None,
                          special_dtypes: dict[str, str | torch.dtype] | None = None,
                          buffers_only: bool = False) -> dict[str, int]:
-    """Bytes of every submodule (by name, "" for the whole model), counting each tensor in ``dtype`` when
-    given (never larger than its own dtype) and ``special_dtypes[name]`` for the names listed there."""
+    """Bytes of every submodule and tensor (by name, "" for the whole model), counting each tensor in ``dtype``
+    when given (never larger than its own dtype) and ``special_dtypes[name]`` for the names listed there."""
     def as_dtype(value: str | torch.dtype) -> torch.dtype:
         return getattr(torch, value.replace("torch.", "")) if isinstance(value, str) else value
 
@@ -131,7 +133,7 @@ def compute_module_sizes(model: nn.Module, dtype: str | torch.dtype | None = Non
         else:
             size = tensor.numel() * dtype_byte_size(tensor.dtype)
         parts = name.split(".")
-        for depth in range(len(parts)):
+        for depth in range(len(parts) + 1):  # the model (""), each enclosing module and the tensor itself
             sizes[".".join(parts[:depth])] += int(size)
     return dict(sizes)
 

@@ -7,18 +7,19 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trainkit.engine.tracking.base import GeneralTracker, jsonable, logger, warn_skipped
+from trainkit.engine.tracking.base import LibraryTracker, on_main_process, jsonable, logger, warn_skipped
 from trainkit.utils.environment import str_to_bool
 
 
 
-class MLflowTracker(GeneralTracker):
+class MLflowTracker(LibraryTracker):
     """Logs to MLflow: the run's name is the experiment; the tracking URI is ``MLFLOW_TRACKING_URI``
     (MLflow's default otherwise); ``init_kwargs['mlflow']`` may give ``run_name``, ``run_id``, ``tags``,
     ``nested_run``, ``description``. Numbers become metrics; other values are skipped with a warning.
     """
 
     name = "mlflow"
+    library_attribute = "active_run"
     requires_logging_directory = False
 
     def __init__(self, experiment_name: str | None = None, logging_dir: str | None = None, run_id: str | None = None,
@@ -38,6 +39,7 @@ class MLflowTracker(GeneralTracker):
         self.nested_run = bool(str_to_bool(nested)) if nested is not None else bool(nested_run)
         self.run_name, self.description = run_name, description
 
+    @on_main_process
     def start(self) -> None:
         """Find or create the experiment and start (or resume) the run."""
         import mlflow
@@ -56,6 +58,7 @@ class MLflowTracker(GeneralTracker):
         """The active MLflow run (``mlflow.ActiveRun``)."""
         return self.active_run
 
+    @on_main_process
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
         params = {str(k): v for k, v in jsonable(dict(values)).items()}
         limit = self._mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
@@ -64,6 +67,7 @@ class MLflowTracker(GeneralTracker):
             logger.warning("MLflow keeps parameters up to %d characters; not stored: %s", limit, too_long)
         self._mlflow.log_params({k: v for k, v in params.items() if k not in too_long})
 
+    @on_main_process
     def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
         metrics = {}
         for key, value in values.items():
@@ -74,17 +78,21 @@ class MLflowTracker(GeneralTracker):
                 warn_skipped(self.name, key, value)
         self._mlflow.log_metrics(metrics, step=step)
 
+    @on_main_process
     def log_figure(self, figure: Any, artifact_file: str, **save_kwargs: Any) -> None:
         """Store a matplotlib or plotly figure as the run's artifact ``artifact_file``."""
         self._mlflow.log_figure(figure=figure, artifact_file=artifact_file, **save_kwargs)
 
+    @on_main_process
     def log_artifacts(self, local_dir: str, artifact_path: str | None = None) -> None:
         """Store every file of ``local_dir`` among the run's artifacts (under ``artifact_path``)."""
         self._mlflow.log_artifacts(local_dir=local_dir, artifact_path=artifact_path)
 
+    @on_main_process
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
         """Store the file ``local_path`` among the run's artifacts (under ``artifact_path``)."""
         self._mlflow.log_artifact(local_path=local_path, artifact_path=artifact_path)
 
+    @on_main_process
     def finish(self) -> None:
         self._mlflow.end_run()
