@@ -20,9 +20,12 @@ process group, the newest Accelerator); the views here give it Accelerate's clas
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, ClassVar
 
 from trainkit.engine.process.state import ProcessState
+from trainkit.engine.process.state_api import AccelerateStateAPI
 
 _RESET_HINT = ("This happens if `{cls}._reset_state()` was called and an `Accelerator` or `PartialState` was not "
                "reinitialized.")
@@ -45,30 +48,28 @@ class _SharedStateView:
         """True while the state is set up (False after ``_reset_state()`` until it is made again)."""
         return "_process" in self.__dict__
 
-    def __getattr__(self, name: str) -> Any:
-        # Only called when the view has no such attribute: the process state answers, or the error says why.
+    def _answering(self, name: str) -> Any:
+        """The process state that answers for ``name``, or the ``AttributeError`` saying why there is none."""
         process = self.__dict__.get("_process")
-        label = type(self).__name__
         if process is None and name not in self._known_attrs:
             # Accelerate's methods and derived properties (is_main_process, wait_for_everyone...) live on the class
             # and keep working after AcceleratorState._reset_state(); only the stored attributes are gone.
             process = ProcessState._instance
         if process is not None:
-            try:
-                return getattr(process, name)
-            except AttributeError:
-                pass
-        elif name in self._known_attrs:
+            return process
+        label = type(self).__name__
+        if name in self._known_attrs:
             raise AttributeError(f"`{label}` object has no attribute `{name}`. " + _RESET_HINT.format(cls=label))
         raise AttributeError(f"'{label}' object has no attribute '{name}'")
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        process = self.__dict__.get("_process")
-        target = getattr(type(process), name, None) if process is not None else None
-        if isinstance(target, property) and target.fset is not None:
-            setattr(process, name, value)  # distributed_type, debug: the process state's value, read by all
-        else:
-            object.__setattr__(self, name, value)
+    def __getattr__(self, name: str) -> Any:
+        # Only called when the view has no such attribute (the process state's instance attributes: device...).
+        try:
+            return getattr(self._answering(name), name)
+        except AttributeError as error:
+            if str(error).startswith("`"):
+                raise
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def __reduce__(self) -> tuple[type, tuple[()]]:
         # The state of the process that loads a pickled object holding one (one state per process).
@@ -146,3 +147,31 @@ class AcceleratorState(_SharedStateView):
     def __repr__(self) -> str:
         return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
 
+
+
+def _delegating(name: str, member: Any) -> Any:
+    """A class-level member of the views for ``ProcessState``'s ``name``: a property or method that asks the
+    process state answering at call time (so help(), IDEs and signature checks see Accelerate's members)."""
+    if not inspect.isfunction(member):  # a property, or a plain value the process state holds (fork_launched)
+        def get(view: _SharedStateView) -> Any:
+            return getattr(view._answering(name), name)
+
+        def put(view: _SharedStateView, value: Any) -> None:
+            setattr(view._answering(name), name, value)  # distributed_type, debug: the one value every reader sees
+
+        settable = not isinstance(member, property) or member.fset is not None
+        return property(get, put if settable else None, doc=getattr(member, "__doc__", None) if isinstance(
+            member, property) else f"The process state's ``{name}``.")
+
+    @functools.wraps(member)
+    def method(view: _SharedStateView, *args: Any, **kwargs: Any) -> Any:
+        return getattr(view._answering(name), name)(*args, **kwargs)
+
+    return method
+
+
+for _name, _member in {**vars(AccelerateStateAPI), **vars(ProcessState)}.items():
+    if not _name.startswith("_") and not isinstance(_member, (staticmethod, classmethod)):
+        for _view in (PartialState, AcceleratorState):
+            if _name not in vars(_view) and _name not in vars(_SharedStateView):
+                setattr(_view, _name, _delegating(_name, _member))
