@@ -19,7 +19,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         # Logger.log, which stacklevel=2 skips (a stacklevel the caller gives counts the same way, as in Accelerate).
         if not self.isEnabledFor(level):
             return
-        msg, kwargs = self.process(msg, kwargs)
+        msg, processed = self.process(msg, kwargs)
+        kwargs = dict(processed)
         kwargs.setdefault("stacklevel", 2)
         rank = int(os.environ.get("RANK", 0))
         if not in_order:

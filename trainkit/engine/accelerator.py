@@ -398,7 +398,9 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         wrapped = model if sharded_by_transformers(model) else model.to(self.device) if evaluation_mode else \
             self.strategy.wrap_model(model)
         self._models.append(wrapped)
-        wrapped._is_accelerate_prepared = True  # Accelerate's mark (the prepared wrappers carry it as a class attribute)
+        # Accelerate's mark (the prepared wrappers carry it as a class attribute); setattr: nn.Module types its
+        # attributes as tensors or modules.
+        setattr(wrapped, "_is_accelerate_prepared", True)
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer | DummyOptim,

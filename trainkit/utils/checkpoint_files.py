@@ -80,6 +80,8 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | os.PathLike, de
         model.to(device)
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.removeprefix("torch."))
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"load_checkpoint_in_model(dtype={dtype!r}): give a torch dtype or its name ('float16').")
     expected = set(model.state_dict())
     loaded: set[str] = set()
     unexpected: list[str] = []

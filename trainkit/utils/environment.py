@@ -109,7 +109,7 @@ def purge_accelerate_environment(func_or_cls: Callable | type) -> Callable | typ
                 setattr(cls, name, wrap(member))
 
     def init_subclass(subclass: type, **kwargs: Any) -> None:
-        super(decorated, subclass).__init_subclass__(**kwargs)  # type: ignore[misc]
+        super(decorated, subclass).__init_subclass__(**kwargs)  # type: ignore[misc, arg-type]
         wrap_members(subclass)  # the tests a subclass defines are covered too
 
     wrap_members(decorated)

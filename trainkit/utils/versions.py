@@ -14,14 +14,13 @@ import importlib.metadata
 from packaging.version import Version, parse
 
 from trainkit.utils.constants import STR_OPERATION_TO_FUNC
+from trainkit.version import __accelerate_version__
 
 
 def library_version(name: str) -> Version:
     """The installed version of the distribution ``name``; ``"accelerate"`` is trainkit's Accelerate API level."""
     if name == "accelerate":
-        import trainkit
-
-        return parse(trainkit.__accelerate_version__)
+        return parse(__accelerate_version__)
     return parse(importlib.metadata.version(name))
 
 

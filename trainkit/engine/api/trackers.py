@@ -40,7 +40,7 @@ class TrackerAPI:
         it does not exist). Before ``init_trackers``, an empty ``GeneralTracker``, as in Accelerate."""
         if not self.trackers:
             return GeneralTracker(_blank=True)
-        tracker = find_tracker(self.trackers, name)
+        tracker: Any = find_tracker(self.trackers, name)
         return tracker.tracker if unwrap else tracker
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict] | None = None) -> None:

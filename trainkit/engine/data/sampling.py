@@ -89,12 +89,13 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.split_batches = split_batches
         self.even_batches = even_batches
         self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
-        self.batch_size = getattr(batch_sampler, "batch_size", None)
-        if split_batches and self.batch_size is None:
+        batch_size = getattr(batch_sampler, "batch_size", None)
+        self.batch_size = batch_size
+        if split_batches and batch_size is None:
             raise ValueError("BatchSamplerShard(split_batches=True) cuts each batch into equal slices, so the batch "
                              "sampler needs a fixed batch_size; batches of varying size need split_batches=False.")
-        if split_batches and self.batch_size % num_processes:
-            raise ValueError(f"BatchSamplerShard(split_batches=True): the batch size ({self.batch_size}) must be a "
+        if split_batches and batch_size is not None and batch_size % num_processes:
+            raise ValueError(f"BatchSamplerShard(split_batches=True): the batch size ({batch_size}) must be a "
                              f"round multiple of the number of processes ({num_processes}).")
         self.skip_samples = 0
         """Samples of the global stream to pass over at the start of the next iteration (consumed once)."""

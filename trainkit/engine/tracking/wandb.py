@@ -56,7 +56,8 @@ class WandBTracker(LibraryTracker):
         """Log a ``wandb.Table`` from ``columns`` and ``data`` rows, or from a ``dataframe``."""
         import wandb
 
-        self.log({table_name: wandb.Table(columns=columns, data=data, dataframe=dataframe)}, step=step, **kwargs)
+        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)  # type: ignore[arg-type]
+        self.log({table_name: table}, step=step, **kwargs)
 
     @on_main_process
     def finish(self) -> None:
