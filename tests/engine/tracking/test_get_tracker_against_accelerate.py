@@ -69,16 +69,20 @@ def reports(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     """Each library's report and output folder (one subprocess each: W&B and MLflow keep process-wide state)."""
     if "tensorboard" not in TRACKERS:
         pytest.skip("tensorboard is not installed (extra 'tensorboard')")
-    results = {}
-    for library in LIBRARIES:
+    started = {}
+    for library in LIBRARIES:  # both at once: each is mostly the libraries' import time
         out = tmp_path_factory.mktemp(library)
         env = worker_env(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_CONFIG_DIR=str(out / "wandb_config"),
                          WANDB_CACHE_DIR=str(out / "wandb_cache"), WANDB_DIR=str(out),
                          MLFLOW_TRACKING_URI=(out / "mlruns").as_uri(), MLFLOW_ALLOW_FILE_STORE="true")
-        done = subprocess.run([sys.executable, "-c", SCRIPT, library, str(out), json.dumps(TRACKERS)],
-                              capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
-        assert done.returncode == 0, done.stderr[-4000:]
-        results[library] = (out, json.loads(done.stdout.split("REPORT ", 1)[1].splitlines()[0]))
+        started[library] = (out, subprocess.Popen([sys.executable, "-c", SCRIPT, library, str(out), json.dumps(TRACKERS)],
+                                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                                  cwd=REPO))
+    results = {}
+    for library, (out, process) in started.items():
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-4000:]
+        results[library] = (out, json.loads(stdout.split("REPORT ", 1)[1].splitlines()[0]))
     return results
 
 
