@@ -148,7 +148,6 @@ class AcceleratorState(_SharedStateView):
         return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
 
 
-
 def _delegating(name: str, member: Any) -> Any:
     """A class-level member of the views for ``ProcessState``'s ``name``: a property or method that asks the
     process state answering at call time (so help(), IDEs and signature checks see Accelerate's members)."""
