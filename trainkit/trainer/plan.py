@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from typing import Any, NamedTuple
+
+logger = logging.getLogger(__name__)
 
 
 class TrainingPlan(NamedTuple):
@@ -45,3 +48,23 @@ def loader_epoch(dataloader: Any) -> int:
     """The epoch a loader stands in (a restored stream's), where steps per epoch are unknown."""
     progress = getattr(dataloader, "progress", None)
     return progress.epoch if progress is not None else 0
+
+
+
+def log_plan(trainer: Any, plan: TrainingPlan, train_dataloader: Any) -> None:
+    """The run's shape at INFO level when training starts, on the main process (``log_level="info"`` shows it,
+    as transformers' "Running training" block)."""
+    if not trainer.is_world_process_zero():
+        return
+    try:
+        examples = f"{len(train_dataloader.dataset):,}"
+    except (AttributeError, TypeError):
+        examples = "unknown (a stream)"
+    batch, accumulation = trainer._train_batch_size, trainer._accumulation_steps
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    logger.info("***** Running training *****\n  examples: %s\n  epochs: %s\n  optimizer steps per epoch: %s\n"
+                "  batch size per process: %d\n  accumulation steps: %d\n  global batch size: %d\n"
+                "  optimizer steps: %d\n  trainable parameters: %s",
+                examples, "until max_steps" if plan.steps_per_epoch is None else f"{plan.num_epochs:,}",
+                plan.steps_per_epoch if plan.steps_per_epoch is not None else "unknown", batch, accumulation,
+                batch * accumulation * trainer.accelerator.strategy.data_parallel_size, plan.max_steps, f"{trainable:,}")

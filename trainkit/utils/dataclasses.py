@@ -267,6 +267,8 @@ _ELSEWHERE = {
     "TensorInformation": "trainkit.utils.structures",
     "TorchDynamoPlugin": "trainkit.config.dynamo",
     "DeepSpeedPlugin": "trainkit.config.deepspeed",
+    "TorchContextParallelConfig": "trainkit.config.parallelism",
+    "DeepSpeedSequenceParallelConfig": "trainkit.config.parallelism",
     "FullyShardedDataParallelPlugin": "trainkit.engine.strategies.fsdp.plugin",
 }
 

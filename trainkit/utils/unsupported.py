@@ -25,8 +25,8 @@ _FP8 = ("trainkit does not drive FP8 training (Transformer Engine, MS-AMP, torch
 _BNB = "trainkit does not quantize models with bitsandbytes (load them quantized with transformers instead)"
 _BIG_MODEL = ("trainkit does not do big-model inference (device maps, CPU/disk offload and dispatch); "
               "load and dispatch the model with transformers' device_map before or instead of trainkit")
-_PARALLELISM = ("trainkit does not drive context or sequence parallelism; tensor parallelism is set with "
-                "trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin objects; docs/parallelism.md)")
+_PARALLELISM = ("tensor parallelism is set with trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin "
+                "objects; docs/parallelism.md)")
 _SAGEMAKER = "trainkit does not launch on Amazon SageMaker"
 _PIPPY = "trainkit does not drive pipeline-parallel inference (PiPPy)"
 _LAUNCH = ("this is a helper of `accelerate launch`; trainkit's launcher (`trainkit launch`) builds its own "
@@ -63,8 +63,7 @@ NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "align_module_device", "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
     "check_tied_parameters_in_config", "get_mixed_precision_context_manager", "set_module_tensor_to_device")})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
-    "TorchTensorParallelPlugin", "TorchTensorParallelConfig", "TorchContextParallelConfig",
-    "DeepSpeedSequenceParallelConfig")})
+    "TorchTensorParallelPlugin", "TorchTensorParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
 NOT_DRIVEN.update({name: _PIPPY for name in ("prepare_pippy",)})
 NOT_DRIVEN.update({name: _LAUNCH for name in (

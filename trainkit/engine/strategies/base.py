@@ -107,13 +107,14 @@ class Strategy:
 
     @property
     def data_parallel_rank(self) -> int:
-        """Which share of each global batch this process reads (the same across a tensor-parallel group)."""
+        """Which share of each global batch this process reads (the same across a tensor- or sequence-parallel
+        group)."""
         return self.dims.dp_rank(self.state.rank) if self.dims is not None else self.state.rank
 
     @property
     def data_group(self) -> dist.ProcessGroup | None:
         """The process group evaluation results are gathered over (None: every process)."""
-        return self.dims.dp_group if self.dims is not None and self.dims.tp > 1 else None
+        return self.dims.dp_group if self.dims is not None and self.dims.dp_size < self.state.world_size else None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Place ``model`` on the device and wrap it for this strategy."""
@@ -157,6 +158,7 @@ class Strategy:
         """Load sharded or full state (strict); ``from_rank0``: only rank 0's full state is read, then broadcast."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+        full, from_rank0 = _only_with_process_group(full, from_rank0)
         set_model_state_dict(model, state_dict, options=StateDictOptions(
             full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0, strict=True))
 
@@ -209,11 +211,24 @@ class Strategy:
             _load_hyperparameters(optimizer, state_dict.get("param_groups", []))
             return
         tuples = [{key for key, value in group.items() if isinstance(value, tuple)} for group in optimizer.param_groups]
+        full, from_rank0 = _only_with_process_group(full, from_rank0)
         set_optimizer_state_dict(model, optimizer, state_dict, options=StateDictOptions(
             full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0))
         # torch's full-state load hands tuples back as lists (Adam's betas); keep the types the optimizer had.
         for group, keys in zip(optimizer.param_groups, tuples):
             group.update({key: tuple(group[key]) for key in keys if isinstance(group.get(key), list)})
+
+
+def _only_with_process_group(full: bool, from_rank0: bool) -> tuple[bool, bool]:
+    """``full``/``from_rank0`` as torch's loaders should see them. Without a process group (one process that
+    never initialised torch.distributed) every tensor is already whole, so the local path is the same load;
+    torch's full-state path would also ask the default group for a device when the model's tensors are all
+    0-dimensional (a model of scalar parameters), and fail."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return full, from_rank0
+    return False, False
 
 
 def _load_hyperparameters(optimizer: torch.optim.Optimizer, saved_groups: list[dict[str, Any]]) -> None:
