@@ -23,7 +23,7 @@ _LAZY = {
     "MegatronLMPlugin": "trainkit.utils.dataclasses",
     "ProfileKwargs": "trainkit.utils.dataclasses",
     "TorchDynamoPlugin": "trainkit.config.dynamo",
-    "ParallelismConfig": "trainkit.config.parallelism",
+    "ParallelismConfig": "trainkit.parallelism_config",
     "find_executable_batch_size": "trainkit.utils.memory",
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",

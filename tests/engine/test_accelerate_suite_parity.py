@@ -259,3 +259,33 @@ def test_debug_launcher_takes_a_partial():
         warnings.simplefilter("ignore")
         results = debug_launcher(functools.partial(_rank_and_value, 7), num_processes=2)
     assert sorted(results.values()) == [(0, 7), (1, 7)]
+
+
+def test_build_device_mesh_makes_accelerates_mesh_with_its_flattened_views():
+    """``ParallelismConfig.build_device_mesh`` (on the class scripts import) builds the enabled dimensions and the
+    flattened ``dp``/``dp_shard_cp``/``dp_cp`` views; checked on torch's fake process group of 8 ranks (one CPU
+    process, no communication)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import trainkit
+    import trainkit.utils
+    from trainkit.parallelism_config import ParallelismConfig
+
+    assert trainkit.ParallelismConfig is trainkit.utils.ParallelismConfig is ParallelismConfig
+    assert ParallelismConfig().build_device_mesh("cpu") is None  # nothing above 1: no mesh, as in Accelerate
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+    try:
+        config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2)
+        mesh = config.get_device_mesh("cpu")
+        assert (mesh.mesh_dim_names, tuple(mesh.shape)) == (("dp_replicate", "dp_shard", "tp"), (2, 2, 2))
+        assert [mesh[name].size() for name in ("dp", "dp_shard_cp", "dp_cp")] == [4, 2, 4]
+        assert config.get_device_mesh() is mesh
+        with pytest.raises(ValueError, match="built for 'cpu'"):
+            config.get_device_mesh("cuda")
+        sharded = ParallelismConfig(dp_shard_size=4, cp_size=2).build_device_mesh("cpu")
+        assert (sharded.mesh_dim_names, sharded["dp_shard_cp"].size()) == (("dp_shard", "cp"), 8)
+    finally:
+        dist.destroy_process_group()
+    with pytest.raises(ValueError, match="pass the device_type"):
+        ParallelismConfig().get_device_mesh()

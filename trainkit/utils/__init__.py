@@ -84,8 +84,8 @@ globals().update(_CONSTANTS)
 
 _LAZY = {
     "FullyShardedDataParallelPlugin": "trainkit.engine.strategies.fsdp.plugin",
-    **{name: "trainkit.config.parallelism" for name in (
-        "ParallelismConfig", "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig")},
+    "ParallelismConfig": "trainkit.parallelism_config",
+    **{name: "trainkit.config.parallelism" for name in ("TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig")},
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "skip_first_batches": "trainkit.data_loader",
