@@ -14,7 +14,8 @@ from typing import Any
 class MultiProcessAdapter(logging.LoggerAdapter):
     """Filters records by process: the main process only, by default."""
 
-    def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True, in_order: bool = False, **kwargs: Any) -> None:
+    def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True,  # type: ignore[override]  # Accelerate's
+            in_order: bool = False, **kwargs: Any) -> None:
         # Records name the caller's line: this method is the adapter's one frame between the caller and
         # Logger.log, which stacklevel=2 skips (a stacklevel the caller gives counts the same way, as in Accelerate).
         if not self.isEnabledFor(level):

@@ -60,7 +60,7 @@ class GradientState(metaclass=_SharedStateAlias):
 
     target = _EngineGradientState
 
-    def __new__(cls, gradient_accumulation_plugin: Any = None) -> _EngineGradientState:  # type: ignore[misc]
+    def __new__(cls, gradient_accumulation_plugin: Any = None) -> _EngineGradientState:  # type: ignore[misc]  # a view of the engine's object
         state = ProcessState._instance
         accelerator = state.accelerator if state is not None and not state.gradient_state_cleared else None
         if accelerator is not None:
