@@ -109,11 +109,11 @@ def purge_accelerate_environment(func_or_cls: Callable | type) -> Callable | typ
                 setattr(cls, name, wrap(member))
 
     def init_subclass(subclass: type, **kwargs: Any) -> None:
-        super(decorated, subclass).__init_subclass__(**kwargs)  # type: ignore[misc, arg-type]
+        super(decorated, subclass).__init_subclass__(**kwargs)  # type: ignore[misc, arg-type]  # a hook on a decorated class
         wrap_members(subclass)  # the tests a subclass defines are covered too
 
     wrap_members(decorated)
-    decorated.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+    decorated.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]  # replacing the class hook
     return decorated
 
 

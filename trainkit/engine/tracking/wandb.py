@@ -56,7 +56,7 @@ class WandBTracker(LibraryTracker):
         """Log a ``wandb.Table`` from ``columns`` and ``data`` rows, or from a ``dataframe``."""
         import wandb
 
-        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)  # type: ignore[arg-type]
+        table = wandb.Table(columns=columns, data=data, dataframe=dataframe)  # type: ignore[arg-type]  # wandb's stubs want lists; None is its default
         self.log({table_name: table}, step=step, **kwargs)
 
     @on_main_process
