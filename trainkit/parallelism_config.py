@@ -38,7 +38,7 @@ class ParallelismConfig(_ParallelismData):
         for dimensions, flat_name in ((self.dp_dim_names, "dp"), (self.dp_shard_cp_dim_names, "dp_shard_cp"),
                                       (self.dp_cp_dim_names, "dp_cp")):
             if dimensions:
-                built[dimensions]._flatten(flat_name)
+                built[tuple(dimensions)]._flatten(flat_name)
         return built
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:

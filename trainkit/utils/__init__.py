@@ -97,7 +97,8 @@ _LAZY = {
         "CustomDtype", "clean_state_dict_for_safetensors", "compute_module_sizes", "convert_file_size_to_int",
         "dtype_byte_size", "extract_submodules_state_dict", "find_tied_parameters", "get_module_children_bottom_up",
         "id_tensor_storage", "load", "load_state_dict", "model_has_dtensor", "named_module_tensors",
-        "retie_parameters")},
+        "retie_parameters", "get_non_persistent_buffers", "compute_module_total_buffer_size")},
+    "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
     "is_compiled_module": "trainkit.engine.step.unwrapping",
     "has_compiled_regions": "trainkit.engine.step.unwrapping",
     **{name: "trainkit.utils.operations" for name in (

@@ -59,6 +59,19 @@ def named_module_tensors(module: nn.Module, include_buffers: bool = True, recurs
             yield name, buffer
 
 
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the module's non-persistent buffers (those ``state_dict`` leaves out), in a new set.
+
+    With ``recurse`` the submodules' count too, by their own names, or by dotted full names with ``fqns``."""
+    if not recurse:
+        return set(module._non_persistent_buffers_set)
+    names: set[str] = set()
+    for prefix, submodule in module.named_modules():
+        for name in submodule._non_persistent_buffers_set:
+            names.add(f"{prefix}.{name}" if fqns and prefix else name)
+    return names
+
+
 def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
     """(device, storage address, storage size): equal for tensors that share memory."""
     storage = tensor.untyped_storage()
@@ -136,6 +149,12 @@ def compute_module_sizes(model: nn.Module, dtype: str | torch.dtype | None = Non
         for depth in range(len(parts) + 1):  # the model (""), each enclosing module and the tensor itself
             sizes[".".join(parts[:depth])] += int(size)
     return dict(sizes)
+
+
+def compute_module_total_buffer_size(model: nn.Module, dtype: str | torch.dtype | None = None,
+                                     special_dtypes: dict[str, str | torch.dtype] | None = None) -> int:
+    """Bytes of all the model's buffers (counted as :func:`compute_module_sizes` counts them)."""
+    return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get("", 0)
 
 
 def extract_submodules_state_dict(state_dict: dict[str, torch.Tensor], submodule_names: list[str]) -> dict:

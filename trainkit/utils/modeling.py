@@ -54,7 +54,9 @@ def init_empty_weights(include_buffers: bool | None = None) -> contextlib.Abstra
 _ELSEWHERE = {
     **{name: "trainkit.utils.model_tensors" for name in (
         "compute_module_sizes", "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters",
-        "id_tensor_storage", "load_state_dict", "named_module_tensors", "retie_parameters")},
+        "id_tensor_storage", "load_state_dict", "named_module_tensors", "retie_parameters",
+        "get_non_persistent_buffers", "compute_module_total_buffer_size")},
+    "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
     "is_peft_model": "trainkit.utils.other",
     "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
     "get_grad_scaler": "trainkit.utils.environment",
@@ -62,11 +64,10 @@ _ELSEWHERE = {
 _REFUSED = (
     "align_module_device", "calculate_maximum_sizes", "check_device_map", "check_device_same",
     "check_tied_parameters_in_config", "check_tied_parameters_on_same_device", "clean_device_map",
-    "compute_module_total_buffer_size", "fallback_allocate", "get_balanced_memory", "get_max_layer_size",
+    "fallback_allocate", "get_balanced_memory", "get_max_layer_size",
     "get_max_memory", "get_mixed_precision_context_manager", "get_module_leaves", "get_module_size_with_ties",
-    "get_non_persistent_buffers", "get_state_dict_from_offload", "get_state_dict_offloaded_model",
-    "has_offloaded_params", "infer_auto_device_map", "load_offloaded_weights",
-    "set_module_tensor_to_device")
+    "get_state_dict_from_offload", "get_state_dict_offloaded_model",
+    "has_offloaded_params", "infer_auto_device_map", "load_offloaded_weights")
 
 
 def __getattr__(name: str) -> Any:

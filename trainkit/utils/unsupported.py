@@ -52,8 +52,8 @@ NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
     "load_checkpoint_and_dispatch", "OffloadedWeightsLoader", "PrefixedDataset",
     "attach_layerwise_casting_hooks", "get_state_dict_from_offload",
-    "get_state_dict_offloaded_model", "clean_device_map", "check_device_same", "get_non_persistent_buffers",
-    "compute_module_total_buffer_size", "get_module_leaves", "get_module_size_with_ties", "fallback_allocate",
+    "get_state_dict_offloaded_model", "clean_device_map", "check_device_same",
+    "get_module_leaves", "get_module_size_with_ties", "fallback_allocate",
     # accelerate.hooks: the module hooks big-model inference dispatches with
     "ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "AlignDevicesHook",
     "attach_execution_device_hook", "attach_align_device_hook", "remove_hook_from_submodules",
@@ -61,7 +61,7 @@ NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "check_device_map", "get_balanced_memory", "get_max_memory", "offload_state_dict", "offload_weight",
     "load_offloaded_weight", "load_offloaded_weights", "save_offload_index", "has_offloaded_params",
     "align_module_device", "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
-    "check_tied_parameters_in_config", "get_mixed_precision_context_manager", "set_module_tensor_to_device")})
+    "check_tied_parameters_in_config", "get_mixed_precision_context_manager")})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
     "TorchTensorParallelPlugin", "TorchTensorParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
@@ -232,10 +232,6 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "save_fsdp_model": "fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True",
     "save_fsdp_optimizer": "fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True",
     "save_offload_index": "index, offload_folder",
-    "set_module_tensor_to_device": (
-        "module, tensor_name, device, value=None, dtype=None, fp16_statistics=None, tied_params_map=None, "
-        "non_blocking=False, clear_cache=True"
-    ),
     "set_numa_affinity": "local_process_index, verbose=None",
     "torchao_required": "func",
     "write_basic_config": "mixed_precision='no', save_location=None",
@@ -267,13 +263,11 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     ),
     "check_device_same": 'first_device, second_device',
     "clean_device_map": "device_map, module_name=''",
-    "compute_module_total_buffer_size": 'model, dtype=None, special_dtypes=None',
     "env_var_path_add": 'env_var_name, path_to_add',
     "fallback_allocate": 'modules, module_sizes, size_limit, no_split_module_classes=None, tied_parameters=None',
     "get_keys_to_not_convert": 'model',
     "get_module_leaves": 'module_sizes',
     "get_module_size_with_ties": 'tied_params, module_size, module_sizes, modules_to_treat',
-    "get_non_persistent_buffers": 'module, recurse=False, fqns=False',
     "get_parameter_device": 'parameter',
     "get_quantized_model_device_map": (
         'model, bnb_quantization_config, device_map=None, max_memory=None, no_split_module_classes=None'
