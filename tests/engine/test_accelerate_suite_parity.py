@@ -289,3 +289,24 @@ def test_build_device_mesh_makes_accelerates_mesh_with_its_flattened_views():
         dist.destroy_process_group()
     with pytest.raises(ValueError, match="pass the device_type"):
         ParallelismConfig().get_device_mesh()
+
+
+def test_recurrent_layers_refused_under_sequence_parallelism_at_accelerates_path():
+    """Accelerate's private big_modeling check is trainkit's layer-type check (the one sp/cp preparation runs):
+    linear (recurrent) attention refused by its name, full attention and configs without layer types pass."""
+    from types import SimpleNamespace
+
+    from trainkit.big_modeling import _refuse_recurrent_layers_under_sequence_parallelism as refuse
+    from trainkit.config import ConfigError
+
+    def model(**fields):
+        config = SimpleNamespace(**fields)
+        config.get_text_config = lambda: config
+        return SimpleNamespace(config=config)
+
+    refuse(model(layer_types=["full_attention", "full_attention"]))
+    refuse(model())
+    with pytest.raises(ConfigError, match="linear_attention"):
+        refuse(model(layer_types=["full_attention", "linear_attention"]))
+    with pytest.raises(ValueError, match="sliding_attention"):
+        refuse(model(sliding_window=8))
