@@ -20,4 +20,5 @@ def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
 
     refuse_layer_types(model, "sp")
 
+
 __getattr__ = refusing_module(__name__, _REFUSED)
