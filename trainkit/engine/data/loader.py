@@ -440,28 +440,42 @@ class DataLoaderDispatcher(PreparedDataLoader):
         if torch_device_mesh is not None:
             raise ValueError("DataLoaderDispatcher(torch_device_mesh=...): trainkit shards data over processes only "
                              "(no device meshes for data).")
-        unsupported = sorted(name for name in ("batch_sampler", "sampler", "shuffle") if kwargs.get(name))
+        unsupported = sorted(name for name in ("sampler", "shuffle") if kwargs.get(name))
         if unsupported:
-            raise ValueError(f"DataLoaderDispatcher({', '.join(unsupported)}=...): give batch_size (and drop_last); "
-                             "the main process batches the dataset in order. For shuffled map-style data use "
-                             "Accelerator.prepare, which shards by indices.")
+            raise ValueError(f"DataLoaderDispatcher({', '.join(unsupported)}=...): give batch_size (and drop_last) "
+                             "or a batch_sampler; the main process batches the dataset in order. For shuffled "
+                             "map-style data use Accelerator.prepare, which shards by indices.")
         state = ProcessState.get()
         world, rank = state.world_size, state.rank
-        batch_size = kwargs.pop("batch_size", 1)
-        if batch_size is None:
-            raise ValueError("DataLoaderDispatcher needs a batch_size (not None): it cuts global batches into slices.")
-        if split_batches and batch_size % world:
-            raise ValueError(f"DataLoaderDispatcher(split_batches=True): batch_size={batch_size} must be a multiple "
-                             f"of the {world} processes, so that each gets an equal slice.")
-        global_size = batch_size if split_batches else batch_size * world
+        batch_sampler = kwargs.pop("batch_sampler", None)
+        batch_size = _dispatched_batch_size(batch_sampler, kwargs.pop("batch_size", 1), split_batches, world)
+        global_size = batch_size if split_batches or batch_sampler is not None else batch_size * world
+        batching = {"batch_sampler": batch_sampler} if batch_sampler is not None else {"batch_size": global_size}
         kwargs.setdefault("prefetch_factor", None if kwargs.get("num_workers", 0) == 0 else 2)
-        self._setup(dataset, batch_size=global_size, device=state.device, gradient_state=current_gradient_state(),
+        self._setup(dataset, **batching, device=state.device, gradient_state=current_gradient_state(),
                     global_batch_size=global_size, seed=torch.initial_seed(), non_blocking=_non_blocking, **kwargs)
         self.dispatch_to = (world, rank)
         self.split_batches = split_batches
         self.skipped_batches = skip_batches
         self.use_stateful_dataloader = use_stateful_dataloader
         self.set_epoch(iteration)
+
+
+def _dispatched_batch_size(batch_sampler: Any, batch_size: int | None, split_batches: bool, world: int) -> int:
+    """The size of the batches the main process reads: ``batch_size``, or the ``batch_sampler``'s, whose batches
+    are global batches (one process, or ``split_batches``: the processes split each of them)."""
+    if batch_sampler is not None:
+        if world > 1 and not split_batches:
+            raise ValueError("DataLoaderDispatcher(batch_sampler=...) on several processes needs split_batches=True "
+                             "(each batch of the sampler is one global batch, split between the processes).")
+        batch_size = getattr(batch_sampler, "batch_size", None)
+    if batch_size is None:
+        raise ValueError("DataLoaderDispatcher needs a batch_size (not None), or a batch_sampler with one: it cuts "
+                         "global batches into slices.")
+    if split_batches and batch_size % world:
+        raise ValueError(f"DataLoaderDispatcher(split_batches=True): batch size {batch_size} must be a multiple "
+                         f"of the {world} processes, so that each gets an equal slice.")
+    return int(batch_size)
 
 
 def _shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int, num_processes: int) -> tuple[Any, SyncedGenerator | None]:

@@ -23,6 +23,7 @@ class ShardAttributes:
     progress: Any
     dataset: Any
     _shard: Any
+    dispatch_to: tuple[int, int] | None
     base_dataloader = _ThisLoader()
     _is_accelerate_prepared = True
     """Accelerate's mark on what ``prepare`` returned (libraries test it)."""
@@ -42,7 +43,8 @@ class ShardAttributes:
     def _propagate_epoch(self, epoch: int) -> None:
         """Call ``set_epoch`` on the script's batch sampler, the samplers inside and the dataset, where they have it
         (a ``DistributedSampler``, a seedable sampler, a custom batch sampler, a ``datasets`` stream)."""
-        script_batches = getattr(self._shard, "batch_sampler", None)
+        # The script's batch sampler: inside the sharding one, or the loader's own (a DataLoaderDispatcher's).
+        script_batches = getattr(self._shard, "batch_sampler", None) or (self._shard if self.dispatch_to else None)
         samplers = [getattr(target, "sampler", None) for target in (script_batches, self._shard, self.dataset)]
         for target in (script_batches, *samplers, self.dataset):
             if hasattr(target, "set_epoch"):
