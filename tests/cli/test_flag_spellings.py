@@ -36,6 +36,15 @@ def test_script_arguments_keep_their_spelling():
     assert args.training_script_args == ["--some_flag", "--other-flag"]
 
 
+def test_no_abbreviations_as_in_accelerate():
+    """Accelerate's launch parser takes no prefixes of flags; neither does trainkit's (a prefix would otherwise be
+    ambiguous between the two spellings)."""
+    with pytest.raises(SystemExit):
+        _command_parser("launch").parse_args(["--mixed", "bf16", "train.py"])
+    launch = pytest.importorskip("accelerate.commands.launch", reason="Accelerate (the oracle) is a dev-venv package")
+    assert launch.launch_command_parser().allow_abbrev is False
+
+
 def test_help_lists_the_declared_spelling_only():
     text = _command_parser("launch").format_help()
     assert "--num_processes" in text and "--mixed_precision" in text
