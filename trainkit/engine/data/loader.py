@@ -415,7 +415,8 @@ class DataLoaderDispatcher(PreparedDataLoader):
     and every process receives its slice of each global batch (the last one filled up so all get a full slice,
     ``remainder`` saying how many samples of it are real). For datasets only the main process can read.
 
-    ``batch_size`` (default 1) is each process's batch, or with ``split_batches`` the global batch.
+    ``batch_size`` (default 1) is each process's batch, or with ``split_batches`` the global batch. A
+    ``batch_sampler`` gives the global batches itself (one process, or ``split_batches`` on several).
     ``skip_batches`` passes over the first batches of every pass (read by the main process, then dropped).
     """
 
