@@ -50,10 +50,11 @@ from trainkit.engine.data.sampling import shared_data_seed
 from trainkit.engine.process.control import only_when
 from trainkit.engine.process.splitting import split_between
 from trainkit.engine.process.state import ProcessState, require_accelerator_state
+from trainkit.engine.process.state_views import AcceleratorState
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.api.trackers import TrackerAPI
 from trainkit.engine.api.checkpoints import CheckpointAPI
-from trainkit.engine.tracking import GeneralTracker, resolve_log_with
+from trainkit.engine.tracking import GeneralTracker, check_logging_directory, resolve_log_with
 from trainkit.engine.step.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
     AutocastKwargs,
@@ -147,9 +148,11 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
             precision_options=self._compat.precision_options)
         self.config = config
         """The resolved settings and where each came from (see :class:`trainkit.config.engine.EngineConfig`)."""
-        self.state = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
-                                      timeout=timedelta(seconds=config.collective_timeout))
-        self.state.attach_accelerator(self)
+        process = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
+                                   timeout=timedelta(seconds=config.collective_timeout))
+        process.attach_accelerator(self)
+        self.state = AcceleratorState(_from_accelerator=True)
+        """Accelerate's ``AcceleratorState`` (a view of the process state; see ``state_views``)."""
         self.device_placement = device_placement
         announce(config, is_main_process=self.state.is_main_process, device=self.state.device)
 
@@ -157,7 +160,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self.deepspeed = config.deepspeed
         """The translated DeepSpeed config, when the run has one (its ZeRO stage runs on DDP/FSDP2)."""
         self.deepspeed_plugin = deepspeed_plugin
-        self.state.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
+        process.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
         if self.deepspeed is not None and self.deepspeed.scaler_kwargs and scaler_kwargs is None:
             scaler_kwargs = self.deepspeed.scaler_kwargs
         self.gradient_state = GradientState(config.gradient_accumulation_steps)
@@ -173,7 +176,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
             self.project_configuration.set_directories(os.fspath(project_dir))
         announce_dataloader_options(self.dataloader_config)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.log_with = resolve_log_with(log_with)
+        self.log_with = check_logging_directory(resolve_log_with(log_with), self.logging_dir)
         self.trackers: list[GeneralTracker] = []
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
@@ -192,8 +195,9 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
 
     def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
-        self.parallel_dims = parallel_dims_for(config, self.state)
-        return select_strategy(StrategyRequest(self.state, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
+        process = ProcessState.get()  # the engine's own object behind the state view
+        self.parallel_dims = parallel_dims_for(config, process)
+        return select_strategy(StrategyRequest(process, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
                                                ddp_kwargs=ddp_kwargs, comm_hook=self._compat.ddp_comm_hook(),
                                                parallel_dims=self.parallel_dims))
 
@@ -371,7 +375,10 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
-        """Convert one model for the precision, then place and wrap it (autocast forward under mixed precision)."""
+        """Convert one model for the precision, then place and wrap it (autocast forward under mixed precision).
+        A model this Accelerator prepared already is returned as it is."""
+        if any(model is known for known in self._models):
+            return model
         model = self.precision.convert_module(model)
         if self.precision.enabled and self.strategy.wants_autocast and not hasattr(model, "_trainkit_original_forward"):
             # Instance attributes shadow the class's forward; setattr because nn.Module types attributes as tensors.
@@ -384,6 +391,9 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         wrapped = model if sharded_by_transformers(model) else model.to(self.device) if evaluation_mode else \
             self.strategy.wrap_model(model)
         self._models.append(wrapped)
+        # Accelerate's mark (the prepared wrappers carry it as a class attribute); setattr: nn.Module types its
+        # attributes as tensors or modules.
+        setattr(wrapped, "_is_accelerate_prepared", True)
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer | DummyOptim,
@@ -546,9 +556,11 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``/``load_state``."""
-        invalid = [obj for obj in objects if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
+        invalid = [f"Item at index {index}, `{type(obj).__name__}`" for index, obj in enumerate(objects)
+                   if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
         if invalid:
-            raise ValueError(f"Objects need state_dict() and load_state_dict() to be checkpointed: {invalid!r}")
+            raise ValueError("Objects need state_dict() and load_state_dict() to be checkpointed; these have not:\n\t- "
+                             + "\n\t- ".join(invalid))
         self._custom_objects.extend(objects)
 
     def free_memory(self, *objects: Any) -> list[None]:
