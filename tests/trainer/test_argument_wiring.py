@@ -259,8 +259,10 @@ class OutOfMemoryAbove(nn.Module):
 def test_auto_find_batch_size_halves_until_it_fits(tmp_path):
     model = OutOfMemoryAbove(limit=2)
     args = _args(tmp_path, auto_find_batch_size=True, per_device_train_batch_size=8, max_steps=-1, num_train_epochs=1)
-    output = Trainer(model=model, args=args, train_dataset=IndexDataset(16)).train()
-    assert args.per_device_train_batch_size == 2
+    trainer = Trainer(model=model, args=args, train_dataset=IndexDataset(16))
+    output = trainer.train()
+    # transformers' semantics: the Trainer trains with the batch size that fits; the arguments stay as written
+    assert trainer._train_batch_size == trainer.state.train_batch_size == 2 and args.per_device_train_batch_size == 8
     assert model.seen[:3] == [8, 4, 2] and set(model.seen[2:]) == {2}
     assert output.global_step == 8  # the plan follows the batch size that fits: 16 samples / 2
 

@@ -316,7 +316,9 @@ def p_hub(tmp_path, monkeypatch):
 
 
 def p_callback_states(tmp_path):
-    class Counter(TrainerCallback):
+    from trainkit.trainer import ExportableState
+
+    class Counter(TrainerCallback, ExportableState):  # stored in trainer_state.json, as transformers stores one
         def __init__(self):
             self.count = 0
 
@@ -332,9 +334,9 @@ def p_callback_states(tmp_path):
     for restore, expected in ((True, 2 + 2), (False, 2)):
         resumed = make_trainer(str(tmp_path / "out"), max_steps=4, eval_strategy="no",
                                restore_callback_states_from_checkpoint=restore)
-        counter = Counter()
-        resumed.add_callback(counter)
+        resumed.add_callback(Counter())
         resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+        counter = resumed.pop_callback(Counter)  # restoring rebuilds the callback from its state, as transformers does
         assert counter.count == expected, restore
 
 

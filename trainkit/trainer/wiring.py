@@ -4,7 +4,7 @@ One small function per concern, so the Trainer's own methods stay short: ``engin
 arguments, process-group backend and timeout, DataLoader configuration), ``train_sampler``
 (``train_sampling_strategy``), ``prepare_model_features`` (activation checkpointing, ``use_cache``,
 NEFTune, Liger, ``debug``), ``label_smoothed_loss``, ``seed_run`` (``full_determinism``),
-``maybe_empty_cache`` and ``train_with_batch_size_search`` (``auto_find_batch_size``).
+``maybe_empty_cache`` and ``train_with_batch_size_search`` (``auto_find_batch_size``), ``replan_schedule``.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def train_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None
     input_names = getattr(trainer.processing_class, "model_input_names", None)
     model_input_name = input_names[0] if input_names else None
     seed = args.data_seed if args.data_seed is not None else args.seed
-    return LengthGroupedEpochSampler(args.per_device_train_batch_size, dataset, lengths, model_input_name, seed)
+    return LengthGroupedEpochSampler(trainer._train_batch_size, dataset, lengths, model_input_name, seed)
 
 
 def prepare_model_features(trainer: Any, model: nn.Module) -> None:
@@ -184,30 +184,29 @@ def maybe_empty_cache(args: Any, global_step: int, device: torch.device) -> None
         torch.cuda.empty_cache()
 
 
-def train_with_batch_size_search(trainer: Any, run: Callable[[], Any]) -> Any:
-    """Run training; on an out-of-memory error halve ``per_device_train_batch_size`` and start again (as
-    transformers' auto_find_batch_size; every process must hit the error together, as on equal GPUs)."""
+def train_with_batch_size_search(trainer: Any, run: Callable[..., Any], batch_size: int) -> Any:
+    """``run(batch_size=...)``; on an out-of-memory error halve the batch size and start again (as transformers'
+    auto_find_batch_size; every process must hit the error together, as on equal GPUs). The arguments keep the
+    batch size the script gave; the Trainer trains with ``trainer._train_batch_size``."""
     from trainkit.utils.memory import is_out_of_memory, release_memory
 
-    args = trainer.args
     while True:
         try:
-            return run()
+            return run(batch_size=batch_size)
         except Exception as error:  # noqa: BLE001 - only out-of-memory errors are retried
-            if not is_out_of_memory(error) or args.per_device_train_batch_size <= 1:
+            if not is_out_of_memory(error) or batch_size <= 1:
                 raise
             if trainer.optimizer is not None:
                 trainer.optimizer.zero_grad(set_to_none=True)
             release_memory()
-            args.per_device_train_batch_size //= 2
-            logger.warning("Out of memory: training again with per_device_train_batch_size=%d.",
-                           args.per_device_train_batch_size)
+            batch_size //= 2
+            logger.warning("Out of memory: training again with a batch size of %d per process.", batch_size)
 
 
 def replan_schedule(trainer: Any, max_steps: int) -> None:
     """Re-span a schedule the Trainer built when a new run plans a different number of steps (the object stays
     the one registered for checkpointing; its state is replaced by a fresh schedule's)."""
-    if not getattr(trainer, "_scheduler_built", False) or trainer.state.max_steps == max_steps:
+    if not getattr(trainer, "_scheduler_built", False) or getattr(trainer, "_scheduled_steps", None) == max_steps:
         return
     from .optim import build_scheduler
 
@@ -216,16 +215,7 @@ def replan_schedule(trainer: Any, max_steps: int) -> None:
         group["lr"] = group.get("initial_lr", group["lr"])
     fresh = build_scheduler(optimizer, trainer.args, max_steps)
     trainer.lr_scheduler.__dict__.update(fresh.__dict__)
-
-
-def cast_for_full_eval(trainer: Any) -> None:
-    """bf16_full_eval / fp16_full_eval: outside training, evaluate with the model itself in that dtype (as
-    transformers; during training, evaluations keep the training precision)."""
-    args = trainer.args
-    if trainer.is_in_train or not (args.bf16_full_eval or args.fp16_full_eval):
-        return
-    dtype = torch.bfloat16 if args.bf16_full_eval else torch.float16
-    trainer.model_wrapped.to(dtype=dtype)
+    trainer._scheduled_steps = max_steps
 
 
 def memory_tracker(args: Any) -> Any:

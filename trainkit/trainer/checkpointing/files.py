@@ -6,10 +6,10 @@ engine's, so every file is written once::
     checkpoint-N/
       model.safetensors | pytorch_model_fsdp_0/   weights: full on rank 0 (from_pretrained-able with config.json)
                                                   or, for FSDP's SHARDED_STATE_DICT, DCP shards (trainkit merge-weights)
-      config.json, tokenizer files               transformers objects, when the model and processing class have them
+      config.json, tokenizer files, training_args.json   written by Trainer.save_model -> _save (transformers' hooks)
       optimizer*, scheduler/custom_checkpoint_*, dataloaders.json, scaler.json, random_states_*.json,
       accelerator_state.json                     the engine's state (absent with save_only_model)
-      training_args.json, trainer_state.json
+      trainer_state.json                         with the TrainerControl and stateful callbacks' states
       manifest.json                              written last, after every rank confirmed its writes
 
 The folder is staged under a hidden name and renamed into place once complete, so a process killed
@@ -35,6 +35,8 @@ from trainkit.engine.checkpoint.resume_folder import TRAINER_CONVENTION, latest_
 from trainkit.engine.checkpoint.saving import save_checkpoint_folder
 from trainkit.engine.checkpoint.storage import checkpoint_io_of
 from trainkit.engine.data import PreparedDataLoader
+
+from ..callbacks import exported_states
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import CheckpointedTrainer as Trainer
@@ -101,10 +103,14 @@ def save_checkpoint(trainer: Trainer, folder: str, after_commit: Callable[[str],
         else:
             loaders = training_loaders(trainer.callback_handler.train_dataloader)
             write_state_files(accelerator, staging, dataloaders=loaders)
+        # transformers' hooks: save_model -> _save add the config, processing class and arguments (the
+        # weights are the engine's, written above); every process calls them, the main process writes.
+        trainer._engine_saved_weights_to = staging
+        try:
+            trainer.save_model(staging, _internal_call=True)
+        finally:
+            trainer._engine_saved_weights_to = None
         if accelerator.is_main_process:
-            save_model_companions(trainer, staging)
-            with open(os.path.join(staging, TRAINING_ARGS_NAME), "w", encoding="utf-8") as handle:
-                handle.write(args.to_json_string())
             trainer.state.save_to_json(os.path.join(staging, TRAINER_STATE_NAME))
 
     saved = save_checkpoint_folder(accelerator, folder, write_files, metadata=metadata, replace=True,
@@ -117,25 +123,14 @@ def prepared_model(trainer: Trainer) -> Any:
     return getattr(trainer.model_wrapped, "_orig_mod", trainer.model_wrapped)
 
 
-def save_model_companions(trainer: Trainer, folder: str) -> None:
-    """Main process: ``config.json``, the generation config and the tokenizer, when the objects have them."""
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
-    config = getattr(unwrapped, "config", None)
+def save_model_config(model: Any, folder: str) -> None:
+    """Main process: the model's ``config.json`` and generation config, when it has them."""
+    config = getattr(model, "config", None)
     if hasattr(config, "save_pretrained"):
         config.save_pretrained(folder)
-    generation_config = getattr(unwrapped, "generation_config", None)
-    if hasattr(generation_config, "save_pretrained") and getattr(unwrapped, "can_generate", lambda: False)():
+    generation_config = getattr(model, "generation_config", None)
+    if hasattr(generation_config, "save_pretrained") and getattr(model, "can_generate", lambda: False)():
         generation_config.save_pretrained(folder)
-    if hasattr(trainer.processing_class, "save_pretrained"):
-        trainer.processing_class.save_pretrained(folder)
-
-
-def save_model_files(trainer: Trainer, folder: str) -> None:
-    """Collective: full weights as safetensors (sharded above 10GB), plus config and tokenizer (``Trainer.save_model``)."""
-    accelerator = trainer.accelerator
-    accelerator.save_model(trainer.model_wrapped, folder)
-    if accelerator.is_main_process:
-        save_model_companions(trainer, folder)
 
 
 def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, *, only_if_best: bool = True,
@@ -150,20 +145,15 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
     folder = checkpoint_folder(args.output_dir, state.global_step)
     if is_best:
         state.best_model_checkpoint = folder
-    state.stateful_callbacks = {type(cb).__name__: cb.state() for cb in trainer.callback_handler.callbacks
-                                if callable(getattr(cb, "state", None))}
+    state.stateful_callbacks = exported_states(trainer._stateful_callbacks())  # transformers' JSON shape
     protected = [state.best_model_checkpoint, resumed_from]  # as of this save, even if rotation runs later
-    step, hub = state.global_step, trainer.hub
 
     def rotate_and_upload(committed: str) -> None:
         if not trainer.accelerator.is_main_process:
             return
         checkpoint_io_of(trainer.accelerator).rotate(args.output_dir, args.save_total_limit, protected=protected,
                                                      prefix=PREFIX)
-        if hub is not None and args.hub_strategy != "end":
-            in_repo = os.path.basename(committed) if args.hub_strategy in ("checkpoint", "all_checkpoints") else None
-            ignored = None if args.hub_strategy == "all_checkpoints" else list(TRAINING_STATE_PATTERNS)
-            hub.upload(committed, f"Training in progress, step {step}", path_in_repo=in_repo, ignore_patterns=ignored)
+        trainer._push_from_checkpoint(committed)
 
     saved = save_checkpoint(trainer, folder, after_commit=rotate_and_upload, synchronous=synchronous)
     if saved is not None and (background_writer(trainer.accelerator) is None or synchronous):
@@ -177,14 +167,16 @@ def finish_background_save(trainer: Trainer) -> None:
 
 
 # -- loading weights ------------------------------------------------------------------------------
-def load_model_weights(trainer: Trainer, folder: str, checksums: bool = True) -> None:
-    """Collective: verify ``folder`` and load its model weights (full or sharded) into the prepared model.
+def load_model_weights(trainer: Trainer, folder: str, checksums: bool = True, model: Any = None) -> None:
+    """Collective: verify ``folder`` and load its model weights (full or sharded) into ``model`` (default: the
+    prepared model; before ``prepare``, the plain one).
 
     Keys are checked before anything is copied: a checkpoint of another model names its missing,
     unexpected and mis-shaped keys and leaves the model untouched.
     """
     verify_checkpoint(folder, checksums=checksums)
-    model_state.prepare_model_load(trainer.accelerator.strategy, prepared_model(trainer), folder, 0).apply()
+    target = prepared_model(trainer) if model is None else model
+    model_state.prepare_model_load(trainer.accelerator.strategy, target, folder, 0).apply()
 
 
 def has_engine_state(folder: str) -> bool:

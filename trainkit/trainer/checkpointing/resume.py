@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from trainkit.engine.checkpoint.global_batch import BatchShape, keep_global_batch, saved_batch_shape
 from trainkit.engine.data import PreparedDataLoader
 
-from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, has_engine_state, load_model_weights, training_loaders
+from .files import TRAINING_ARGS_NAME, has_engine_state, training_loaders
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import CheckpointedTrainer as Trainer
@@ -43,10 +43,10 @@ START = ResumePoint(0, 0)
 
 def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_per_epoch: int | None, *,
                     verify_checksums: bool = True) -> ResumePoint:
-    """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state).
+    """Collective: load the engine's state of ``folder`` (optimizer, schedule, random states, data position; the
+    weights too, already loaded by ``Trainer._load_from_checkpoint``) into the prepared objects; return where the
+    loop picks up in its first epoch. ``trainer.state`` is the checkpoint's already (``_init_training_state``).
     ``verify_checksums=False``: sizes only, for a folder the caller has just verified."""
-    from ..callbacks import TrainerState
-
     if trainer.accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
     position_restored = False
@@ -55,19 +55,15 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
         trainer.accelerator.load_state(folder, dataloaders=training_loaders(train_dataloader),
                                        verify_checksums=verify_checksums, keep_global_batch=False)
         position_restored = isinstance(train_dataloader, PreparedDataLoader) and train_dataloader.resume_mid_epoch
-    else:
-        if trainer.accelerator.is_main_process:
-            logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
-                           "states start afresh, so the run will not continue exactly.", folder)
-        load_model_weights(trainer, folder, checksums=verify_checksums)
-    loaded = TrainerState.load_from_json(os.path.join(folder, TRAINER_STATE_NAME))
-    _adopt_state(trainer, loaded)
-
+    elif trainer.accelerator.is_main_process:
+        logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
+                       "states start afresh, so the run will not continue exactly.", folder)
     if trainer.args.ignore_data_skip:  # transformers' meaning: the current epoch starts again from its first batch
         if position_restored:
             train_dataloader.progress.move_to(train_dataloader.progress.epoch)
         return START
-    steps_done = loaded.global_step % steps_per_epoch if steps_per_epoch else 0
+    global_step = trainer.state.global_step
+    steps_done = global_step % steps_per_epoch if steps_per_epoch else 0
     if position_restored or not steps_per_epoch:
         return ResumePoint(steps_done, 0)  # the loader continues at its next sample by itself
     return ResumePoint(steps_done, steps_done * trainer.accelerator.config.gradient_accumulation_steps)
@@ -97,16 +93,9 @@ def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader:
         logger.warning("trainkit: %s", rescale.describe(previous, accelerator.num_processes))
 
 
-def _adopt_state(trainer: Trainer, loaded: Any) -> None:
+def adopt_state(trainer: Trainer, loaded: Any) -> None:
     """Take the checkpoint's TrainerState, keeping what describes this run (its plan, its process)."""
     for name in ("max_steps", "num_train_epochs", "train_batch_size", "logging_steps", "eval_steps", "save_steps",
                  "is_local_process_zero", "is_world_process_zero"):
         setattr(loaded, name, getattr(trainer.state, name))
     trainer.state = loaded
-    if not trainer.args.restore_callback_states_from_checkpoint:
-        return  # transformers' default: callbacks keep the state they were created with
-    for callback in trainer.callback_handler.callbacks:
-        saved = loaded.stateful_callbacks.get(type(callback).__name__)
-        if isinstance(saved, dict):
-            for key, value in saved.get("attributes", {}).items():
-                setattr(callback, key, value)
