@@ -325,7 +325,7 @@ class EvaluationMethods:
                                              metric_key_prefix=f"{metric_key_prefix}_{name}"))
             return metrics
         self._memory_tracker.start()
-        dataloader = self.get_eval_dataloader(eval_dataset)
+        dataloader = self.get_eval_dataloader(dataset)
         start = time.time()
         output = self.evaluation_loop(dataloader, description="Evaluation",
                                       prediction_loss_only=True if self.compute_metrics is None else None,

@@ -67,22 +67,22 @@ class DataLoaderMethods:
         in order, nothing dropped; built once per dataset and reused (the engine keeps every loader it prepares)."""
         if eval_dataset is None and self.eval_dataset is None:
             raise ValueError("Evaluation needs an eval_dataset (in the Trainer or as an argument).")
-        key = eval_dataset if isinstance(eval_dataset, str) else "eval" if eval_dataset is None else id(eval_dataset)
+        key = eval_dataset if isinstance(eval_dataset, str) else "eval"
         if isinstance(eval_dataset, str):
             eval_dataset = self.eval_dataset[eval_dataset]
         elif eval_dataset is None:
             eval_dataset = self.eval_dataset
-        cached = self._eval_dataloaders.get(key)
-        if cached is None or getattr(cached, "dataset_given", None) is not eval_dataset:
+        cached = self._eval_dataloaders.get(id(eval_dataset))
+        if cached is None:
             cached = self._get_dataloader(eval_dataset, "Evaluation", self.args.per_device_eval_batch_size,
-                                          dataloader_key=key)
-            cached.dataset_given = eval_dataset  # type: ignore[attr-defined]
-            self._eval_dataloaders[key] = cached
+                                          sampler_fn=SequentialSampler, dataloader_key=key)
+            self._eval_dataloaders[id(eval_dataset)] = cached
         return cached
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """The prediction DataLoader for ``test_dataset`` (in order, nothing dropped)."""
-        return self._get_dataloader(test_dataset, "test", self.args.per_device_eval_batch_size)
+        return self._get_dataloader(test_dataset, "test", self.args.per_device_eval_batch_size,
+                                    sampler_fn=SequentialSampler)
 
     def _get_dataloader(self, dataset: Any, description: str, batch_size: int,
                         sampler_fn: Callable[[Any], Any] | None = None, is_training: bool = False,

@@ -533,7 +533,8 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         checkpoints.finish_background_save(self)  # train() returns with its last checkpoint durable and visible
         self._count_input_tokens(self.meter.flush())  # steps since the last log still count in train_loss
         steps_run = state.global_step - self._initial_global_step
-        metrics = speed_metrics("train", start_time, num_samples=steps_run * self.get_total_train_batch_size(args),
+        # The share of the planned samples this call trained on (transformers' count).
+        metrics = speed_metrics("train", start_time, num_samples=num_train_samples * steps_run / max(state.max_steps, 1),
                                 num_steps=steps_run)
         self.store_flos()
         metrics.update(total_flos=state.total_flos, train_loss=self.meter.train_loss)

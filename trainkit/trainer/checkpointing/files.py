@@ -151,9 +151,10 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
     def rotate_and_upload(committed: str) -> None:
         if not trainer.accelerator.is_main_process:
             return
+        if args.push_to_hub:
+            trainer._push_from_checkpoint(committed)
         checkpoint_io_of(trainer.accelerator).rotate(args.output_dir, args.save_total_limit, protected=protected,
                                                      prefix=PREFIX)
-        trainer._push_from_checkpoint(committed)
 
     saved = save_checkpoint(trainer, folder, after_commit=rotate_and_upload, synchronous=synchronous)
     if saved is not None and (background_writer(trainer.accelerator) is None or synchronous):
