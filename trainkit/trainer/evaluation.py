@@ -1,4 +1,6 @@
-"""Evaluation and prediction: run the model over a dataset on every process and gather exact results.
+"""Evaluation and prediction: run the model over a dataset on every process and gather exact results; the
+Trainer's evaluation hooks (:class:`EvaluationMethods`: ``evaluate``, ``_evaluate``, ``_determine_best_metric``,
+``evaluation_loop``, ``predict``, ``prediction_step``).
 
 Every batch's loss, predictions and labels are gathered with ``gather_for_metrics``, which drops the samples
 the sampler repeated to even out the processes, so N samples give exactly N rows, in dataset order.
@@ -24,7 +26,6 @@ from .data import call_model, split_loss
 from .plan import length_or_none
 
 if TYPE_CHECKING:
-
     from trainkit.engine.accelerator import Accelerator
 
     from .arguments import TrainingArguments
