@@ -181,6 +181,7 @@ def run(framework: str, out_dir: Path) -> None:
         action()
         phases[phase] = list(calls)
     rank = int(os.environ.get("RANK", "0"))
+    phases["processes"] = [[str(resumed.args.parallel_mode), resumed.accelerator.num_processes, {}]]  # ran as launched
     (out_dir / f"{framework}-rank{rank}.json").write_text(json.dumps(phases, indent=1))
 
 

@@ -64,8 +64,14 @@ def _lines(calls: list) -> list[str]:
     return [f"{'  ' * depth}{name} {json.dumps(received, sort_keys=True)}" for name, depth, received in calls]
 
 
+def _phases(out: Path, framework: str, rank: int) -> dict[str, list]:
+    recorded = json.loads((out / f"{framework}-rank{rank}.json").read_text())
+    recorded.pop("processes")  # how the run was launched, not a hook call
+    return normalised(recorded, framework)
+
+
 def assert_same_calls(out: Path, rank: int) -> dict[str, int]:
-    theirs, ours = (normalised(json.loads((out / f"{fw}-rank{rank}.json").read_text()), fw) for fw in FRAMEWORKS)
+    theirs, ours = (_phases(out, framework, rank) for framework in FRAMEWORKS)
     assert list(theirs) == list(ours)
     for phase in theirs:
         expected, got = _lines(theirs[phase]), _lines(ours[phase])
@@ -91,3 +97,5 @@ def test_the_same_hook_calls_on_two_processes(tmp_path, record_property):
         run_torchrun(WORKER, framework, str(tmp_path), nproc=2, timeout=900)
     for rank in (0, 1):
         record_property(f"calls_rank{rank}", assert_same_calls(tmp_path, rank))
+    processes = json.loads((tmp_path / "transformers-rank1.json").read_text())["processes"][0]
+    assert processes[:2] == ["ParallelMode.DISTRIBUTED", 2]  # transformers' Trainer really ran on 2 processes
