@@ -239,9 +239,10 @@ def _check_unavailable_features(args: Any) -> None:
         from trainkit.config.engine import parse_parallelism
 
         parse_parallelism(args.parallelism_config, f"parallelism_config in {WHERE}")
-    if args.optim_target_modules is not None:
-        raise ConfigError(f"optim_target_modules in {WHERE} is read only by the GaLore/APOLLO optimizers (packages "
-                          f"galore-torch/apollo-torch), which trainkit does not build; optim={args.optim!r} ignores it.")
+    optim = str(getattr(args.optim, "value", args.optim))
+    if args.optim_target_modules is not None and not optim.startswith(("galore", "apollo")):
+        raise ConfigError(f"optim_target_modules in {WHERE} is read only by the GaLore/APOLLO optimizers "
+                          f"(optim='galore_*' or 'apollo_*'); optim={optim!r} ignores it.")
     for name in ("trackio_space_id", "trackio_bucket_id", "trackio_static_space_id"):
         value = getattr(args, name)
         if value is not None and value is not False:
@@ -329,7 +330,7 @@ def _apply_tf32(tf32: bool | None, use_cpu: bool) -> None:
 def _load_accelerator_config(value: Any) -> dict[str, Any]:
     """accelerator_config (None, dict, JSON string or JSON file) -> a checked dict."""
     if value is None:
-        return {}
+        value = {}
     if hasattr(value, "to_dict"):
         value = value.to_dict()
     if isinstance(value, str):
@@ -346,7 +347,10 @@ def _load_accelerator_config(value: Any) -> dict[str, Any]:
     if config.get("gradient_accumulation_kwargs"):
         raise ConfigError(f"accelerator_config['gradient_accumulation_kwargs'] in {WHERE}: the Trainer accumulates "
                           "gradients itself (gradient_accumulation_steps), so these engine options do not apply.")
-    return config
+    from transformers.trainer_pt_utils import AcceleratorConfig  # its defaults fill the keys not given, as transformers does
+
+    known = DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS
+    return {**{f.name: f.default for f in dataclasses.fields(AcceleratorConfig) if f.name in known}, **config}
 
 
 def _parse_debug(value: Any) -> list[str]:

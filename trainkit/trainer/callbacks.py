@@ -462,8 +462,8 @@ class ProgressCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         self._close_prediction_bar()
 
-    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                   **kwargs: Any) -> None:
+    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,  # type: ignore[override]
+                   **kwargs: Any) -> None:  # transformers' signature (metrics arrives in kwargs)
         self._close_prediction_bar()
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -570,8 +570,8 @@ class EarlyStoppingCallback(TrainerCallback, ExportableState):
         )
         self.early_stopping_patience_counter = 0 if improved else self.early_stopping_patience_counter + 1
 
-    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    metrics: dict[str, float], **kwargs: Any) -> None:
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,  # type: ignore[override]
+                    metrics: dict[str, float], **kwargs: Any) -> None:  # transformers' signature
         name = args.metric_for_best_model
         if name is None:  # refused at on_train_begin; an evaluate() outside training has nothing to stop
             return

@@ -184,6 +184,9 @@ def evaluation_loop(trainer: EvaluatedTrainer, dataloader: Any, description: str
     args, accelerator = trainer.args, trainer.accelerator
     prediction_loss_only = args.prediction_loss_only if prediction_loss_only is None else prediction_loss_only
     model.eval()
+    optimizer_eval = getattr(getattr(trainer, "optimizer", None), "eval", None)
+    if callable(optimizer_eval):  # schedule-free optimizers: evaluate their averaged weights
+        optimizer_eval()
     logger.debug("Running %s", description)
     trainer.callback_handler.eval_dataloader = dataloader
     results = _GatheredResults(args.eval_accumulation_steps, concat=args.eval_do_concat_batches,
@@ -312,6 +315,8 @@ class EvaluationMethods:
         def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module: ...
         def _prepare_model(self, model: nn.Module | None = None) -> None: ...
         def _scheduler_needs_metrics(self) -> bool: ...
+        def _report_to_hp_search(self, trial: Any, step: int, metrics: dict[str, float]) -> None: ...
+        _trial: Any
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
                  metric_key_prefix: str = "eval") -> dict[str, float]:
@@ -345,6 +350,7 @@ class EvaluationMethods:
         """An evaluation during training: ``evaluate()``, then a ReduceLROnPlateau schedule steps on
         ``metric_for_best_model`` (unless ``skip_scheduler``) and the model goes back to training mode."""
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        self._report_to_hp_search(self._trial, self.state.global_step, metrics)  # may prune the trial
         name = self.args.metric_for_best_model
         if self._scheduler_needs_metrics() and not skip_scheduler and name is not None:
             self.lr_scheduler.step(metrics[_metric_key(name, metrics)])
@@ -408,8 +414,10 @@ class EvaluationMethods:
         is_dict = isinstance(inputs, Mapping)
         has_labels = is_dict and bool(self.label_names) and all(inputs.get(name) is not None for name in self.label_names)
         inputs = self._prepare_inputs(inputs)
-        if ignore_keys is None:
-            ignore_keys = list(getattr(getattr(self.model, "config", None), "keys_to_ignore_at_inference", None) or [])
+        if ignore_keys is None:  # transformers' default: the model's cache output (named "cache" from 5.24 on)
+            config = getattr(self.model, "config", None)
+            ignore_keys = [] if config is None else list(getattr(config, "keys_to_ignore_at_inference",
+                                                                 ["past_key_values", "cache"]))
         labels = None
         if has_labels:
             labels = tuple(inputs[name].detach() for name in self.label_names)

@@ -33,7 +33,7 @@ from torch import nn
 
 from trainkit.utils.enums import DistributedType
 
-from . import wiring
+from . import hyperparameter_search as hp_search, optim, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState)
@@ -41,12 +41,12 @@ from .checkpointing import files as checkpoints, preemption, resume
 from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
 from .data import ItemCounter, call_model, default_collator, default_label_names, loss_from_outputs
-from .deepspeed import optimizer_from_config, scheduler_from_config
+from .deepspeed import scheduler_from_config
 from .evaluation import EvaluationMethods, speed_metrics
 from .hooks import announce_overridden_hooks
 from .loaders import DataLoaderMethods
 from .meter import TrainingMeter, flops_parameters, training_logs
-from .optim import build_optimizer, build_scheduler, parameter_groups
+from .optim import build_scheduler
 from .plan import PlanMethods, length_or_none, loader_epoch
 from .reporting import ReportingMethods
 from .saving import SavingMethods
@@ -62,13 +62,15 @@ class TrainOutput(NamedTuple):
     metrics: dict[str, float]
 
 
-class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethods, SavingMethods):
+class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethods, SavingMethods,
+              hp_search.HyperparameterSearchMethods):
     """Train, evaluate and predict with a model on one or many processes (see docs/trainer.md).
 
     Args follow transformers' Trainer: ``model`` (or ``model_init``), ``args``, ``data_collator``,
     ``train_dataset``, ``eval_dataset`` (or a dict of them), ``processing_class``, ``compute_loss_func``,
     ``compute_metrics``, ``callbacks``, ``optimizers=(optimizer, scheduler)``,
-    ``optimizer_cls_and_kwargs`` and ``preprocess_logits_for_metrics``.
+    ``optimizer_cls_and_kwargs`` and ``preprocess_logits_for_metrics``. ``hyperparameter_search`` and its
+    hooks come from :class:`~trainkit.trainer.hyperparameter_search.HyperparameterSearchMethods`.
     """
 
     loss_is_scaled_for_ga: bool | None = None
@@ -108,7 +110,7 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         if model is None:
             if model_init is None:
                 raise ValueError("Trainer needs a model or a model_init function.")
-            model = model_init()
+            model = self.call_model_init()
         self.model = self.model_wrapped = model
         self._model_prepared = self._optimizer_prepared = False
         self.label_names = self.args.label_names or default_label_names(model)
@@ -205,18 +207,26 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
     # ------------------------------------------------------------------ model, optimizer and schedule
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        """The optimizer ``args.optim`` names (or ``optimizer_cls_and_kwargs``) over ``model`` (default: the
-        Trainer's), unless one was given."""
-        model = self.model if model is None else model
+        """The optimizer ``optimizer_cls_and_kwargs``, a DeepSpeed config or ``args.optim`` names, over ``model``
+        (default: the Trainer's), unless one was given; ``args.optim`` is resolved by the installed transformers
+        (:meth:`get_optimizer_cls_and_kwargs`)."""
         if self.optimizer is None:
-            if self.optimizer_cls_and_kwargs is not None:
-                optimizer_cls, kwargs = self.optimizer_cls_and_kwargs
-                self.optimizer = optimizer_cls(parameter_groups(model, self.args.weight_decay), **kwargs)
-            else:
-                groups = parameter_groups(model, self.args.weight_decay)
-                self.optimizer = (optimizer_from_config(self._deepspeed, groups, self.args)
-                                  or build_optimizer(model, self.args))
+            self.optimizer = optim.create_optimizer(self, self.model if model is None else model)
         return self.optimizer
+
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None) -> tuple[Any, Any]:
+        """The optimizer class and keyword arguments ``args.optim`` names, as the installed transformers'
+        ``Trainer.get_optimizer_cls_and_kwargs`` resolves them (its own code; see trainer/optim.py)."""
+        return optim.optimizer_cls_and_kwargs(args, model)
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Names of the parameters weight decay applies to (transformers' rule: not biases nor norm weights)."""
+        return optim.decay_parameter_names(model)
+
+    def get_optimizer_group(self, param: str | nn.Parameter | None = None):
+        """The optimizer's param group holding ``param``, or every group's parameters (as transformers')."""
+        return optim.optimizer_group(self, param)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         """The ``args.lr_scheduler_type`` schedule over ``num_training_steps`` steps, unless one was given."""
@@ -260,6 +270,7 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
               ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
         """Train for ``max_steps`` or ``num_train_epochs``; resume from a checkpoint folder, or the latest with True
         (and, after a torchelastic restart, from the latest by itself unless told False)."""
+        hp_search.start_trial(self, trial)  # a trial's fresh model, arguments and engine (hyperparameter_search)
         self._memory_tracker.start()
         self.is_in_train = True
         try:
@@ -433,6 +444,8 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         items on all processes (or divided by the accumulation steps when items are not counted). The engine's
         ``backward`` turns that share into gradients of the window's loss, whatever the strategy's reduction.
         """
+        if callable(getattr(self.optimizer, "train", None)):  # schedule-free optimizers: train mode (as transformers)
+            self.optimizer.train()
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
@@ -445,7 +458,7 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
             else:
                 # A mean over this micro-batch's items, weighted by its share of the window's items on all processes.
                 loss = loss * (self._count_items(inputs) / num_items_in_batch)
-        self.accelerator.backward(loss)
+        self.accelerator.backward(loss, **optim.backward_kwargs(self.optimizer, self.lr_scheduler))
         return loss.detach()
 
     def compute_loss(self, model: nn.Module, inputs: Any, return_outputs: bool = False,

@@ -40,8 +40,8 @@ def engine_options(args: Any) -> dict[str, Any]:
     data_config = DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed,
                                           use_stateful_dataloader=True, use_seedable_sampler=True)
     for key, value in args.accelerator_config.items():
-        if key == "use_configured_state":
-            continue  # trainkit always reuses the process's existing state: what True asks for
+        if key in ("use_configured_state", "gradient_accumulation_kwargs"):
+            continue  # trainkit always reuses the process's existing state; the Trainer accumulates itself
         if not hasattr(data_config, key):
             raise ValueError(f"accelerator_config[{key!r}] is not supported by this trainkit engine's DataLoaderConfiguration.")
         setattr(data_config, key, value)

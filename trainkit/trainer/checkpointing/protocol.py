@@ -56,6 +56,12 @@ class CheckpointedTrainer(Protocol):
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
         """Main process: upload a committed checkpoint as ``hub_strategy`` says."""
 
+    _trial: Any
+    """The hyperparameter-search trial being trained (None outside a search)."""
+
+    def _get_output_dir(self, trial: Any) -> str:
+        """The run's checkpoint folder: ``output_dir``, or the trial's ``run-{id}`` folder in it."""
+
 
 class SavesNow(Protocol):
     """The manager's on-demand save, as the preemption save calls it."""
