@@ -275,8 +275,12 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         self.is_in_train = True
         try:
             folder = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
-            if folder is not None and not self._loads_weights_after_wrapping():
-                self._load_from_checkpoint(folder)
+            if folder is not None:
+                if not self._loads_weights_after_wrapping():
+                    self._load_from_checkpoint(folder)
+                if self.args.auto_find_batch_size:  # the batch size the checkpointed run found to fit
+                    saved = TrainerState.load_from_json(f"{folder}/{checkpoints.TRAINER_STATE_NAME}")
+                    self._train_batch_size = saved.train_batch_size or self._train_batch_size
             run = functools.partial(self._inner_training_loop, args=self.args, resume_from_checkpoint=folder,
                                     trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
             if self.args.auto_find_batch_size:

@@ -82,6 +82,7 @@ def _fresh_engine(trainer: Any) -> None:
     and data loaders are prepared by it (transformers recreates its accelerator likewise)."""
     from ..callbacks import TrackerCallback
 
+    trainer._train_batch_size = trainer.args.per_device_train_batch_size  # a trial may set the batch size
     trainer.create_accelerator_and_postprocess()
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, TrackerCallback):
