@@ -11,6 +11,9 @@ The differences that remain are by design, each applied by :func:`normalised` be
 - trainkit builds an evaluation DataLoader once per dataset and reuses it (the engine keeps every loader it
   prepares), where transformers rebuilds it at each evaluation: the calls made while rebuilding
   (``_get_dataloader`` and what it calls) are left out of transformers' later ``get_eval_dataloader`` calls;
+- at the end of training transformers looks up the run's folder (``_get_output_dir``) to delete the newest checkpoint
+  when ``save_total_limit=1`` and it is not the best; trainkit never deletes the newest checkpoint (the one a resume
+  needs), so it has no such lookup there: that call of transformers' ``_finalize_training`` is left out;
 - trainkit's checkpoint is written in a hidden staging folder renamed when complete: ``save_model`` and ``_save``
   get ``.checkpoint-N.staging-...``, compared as ``checkpoint-N`` (the worker's summary does it);
 - trainkit's training logs also carry throughput (``samples_per_second``, ``step_time``, ``tokens_per_second``,
@@ -38,7 +41,8 @@ FRAMEWORKS = ("transformers", "trainkit")
 
 
 def normalised(phases: dict[str, list], framework: str) -> dict[str, list]:
-    """Calls comparable across the two Trainers: transformers' rebuilds of an evaluation loader left out.
+    """Calls comparable across the two Trainers: transformers' rebuilds of an evaluation loader and its final
+    checkpoint lookup left out (see the module doc).
 
     The phases after ``train`` share one Trainer (the resumed one), so a loader built in ``resume`` is reused by
     ``evaluate``."""
@@ -46,15 +50,18 @@ def normalised(phases: dict[str, list], framework: str) -> dict[str, list]:
     result = {}
     for phase, calls in phases.items():
         trainer = "train" if phase == "train" else "shared"
-        kept, skip_below = [], None
+        kept, skip_below, callers = [], None, []
         for name, depth, received in calls:
+            callers[depth:] = [name]
             if skip_below is not None and depth > skip_below:
                 continue
             skip_below = None
-            if name == "get_eval_dataloader" and framework == "transformers":
+            if framework == "transformers" and name == "get_eval_dataloader":
                 if built[trainer]:
                     skip_below = depth
                 built[trainer] = True
+            if framework == "transformers" and name == "_get_output_dir" and callers[depth - 1:depth] == ["_finalize_training"]:
+                continue
             kept.append([name, depth, received])
         result[phase] = kept
     return result

@@ -131,15 +131,6 @@ ALLOWED: dict[str, Allowed] = {
 ELSEWHERE = {
     "_get_train_sampler": "tf-numbers (issue 33 item 6: transformers' samplers)",
     "_get_eval_sampler": "tf-numbers (issue 33 item 6: transformers' samplers)",
-    "get_optimizer_cls_and_kwargs": "tf-seq2seq (issue 33 item 5: every optim name)",
-    "get_decay_parameter_names": "tf-seq2seq (issue 33 item 5)",
-    "get_optimizer_group": "tf-seq2seq (issue 33 item 5)",
-    "call_model_init": "tf-seq2seq (issue 33 item 4: hyperparameter_search)",
-    "hyperparameter_search": "tf-seq2seq (issue 33 item 4)",
-    "_hp_search_setup": "tf-seq2seq (issue 33 item 4)",
-    "_report_to_hp_search": "tf-seq2seq (issue 33 item 4)",
-    "_tune_save_checkpoint": "tf-seq2seq (issue 33 item 4)",
-    "_get_output_dir": "tf-seq2seq (issue 33 item 4)",
 }
 
 CALLBACK_CLASSES = ["TrainerCallback", "CallbackHandler", "TrainerState", "TrainerControl", "ExportableState",
@@ -147,7 +138,7 @@ CALLBACK_CLASSES = ["TrainerCallback", "CallbackHandler", "TrainerState", "Train
 
 
 class Compared(NamedTuple):
-    """One class of transformers and trainkit's counterpart (None when trainkit has none yet, with the reason)."""
+    """One class of transformers and trainkit's counterpart (None: trainkit lacks it, which fails)."""
 
     name: str
     theirs: type
@@ -173,7 +164,6 @@ def _classes() -> list[Compared]:
 
 
 CLASSES = _classes()
-SEQ2SEQ_PENDING = "trainkit.Seq2SeqTrainer does not exist yet: tf-seq2seq builds it (issue 33 item 3)"
 
 
 def _field_names(cls: type) -> set[str]:
@@ -326,8 +316,7 @@ def test_the_comparison_covers_transformers(record_property):
 @pytest.mark.parametrize("class_name, member", ENTRIES, ids=[f"{c}.{m}" for c, m in ENTRIES])
 def test_member_matches_transformers(class_name, member):
     compared = _compared(class_name)
-    if compared.ours is None:
-        pytest.skip(SEQ2SEQ_PENDING)
+    assert compared.ours is not None, f"trainkit has no {class_name}"
     if member in ELSEWHERE and not hasattr(compared.ours, member):
         pytest.skip(f"{member}: added by {ELSEWHERE[member]}; compared once trainkit has it")
     problems = unallowed(compared, member)
@@ -344,7 +333,7 @@ def test_every_allowance_is_needed():
         member, _, parameter = rest.partition("(")
         parameter = parameter.rstrip(")") or None
         compared = _compared(class_name)
-        if member not in members(compared) or compared.ours is None:
+        if member not in members(compared):
             stale.append(f"{key} (transformers {INSTALLED} has no {class_name}.{member})")
             continue
         found = member_differences(compared, member)
