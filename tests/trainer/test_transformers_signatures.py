@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib
 import inspect
 import logging
 import types
