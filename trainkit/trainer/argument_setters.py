@@ -18,7 +18,7 @@ class ArgumentSetters:
 
     def _set(self, **changes: Any) -> Any:
         """Apply ``changes`` through a full validation (a fresh instance built from every field), then adopt it."""
-        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}  # type: ignore[arg-type]
+        current = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}  # type: ignore[arg-type]  # self is the dataclass this mixes into
         validated = type(self)(**{**current, **changes})
         self.__dict__.update(validated.__dict__)
         return self

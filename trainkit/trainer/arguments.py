@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
+from trainkit.config.fsdp import SHARDING_STRATEGIES
 from trainkit.config.ignored_field import reset_ignored_field
 from trainkit.engine.tracking import tracker_names
 from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
@@ -30,14 +31,9 @@ SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 TOKEN_COUNT_MODES = ("all", "non_padding", "no")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
-# The words the string form of `fsdp` may contain (transformers' FSDPOption values).
-FSDP_SHARDING_WORDS = {
-    "full_shard": "FULL_SHARD",
-    "shard_grad_op": "SHARD_GRAD_OP",
-    "no_shard": "NO_SHARD",
-    "hybrid_shard": "HYBRID_SHARD",
-    "hybrid_shard_zero2": "HYBRID_SHARD_ZERO2",
-}
+# The words the string form of `fsdp` may contain (transformers' FSDPOption values): each sharding strategy
+# (config/fsdp.py declares them) in lower case, and two flags.
+FSDP_SHARDING_WORDS = {strategy.lower(): strategy for strategy in SHARDING_STRATEGIES}
 FSDP_FLAG_WORDS = ("offload", "auto_wrap")
 # Keyword arguments that transformers 4.x accepted and 5.x renamed: named in the error, not silently mapped.
 # (5.1's warmup_ratio, group_by_length and logging_dir are fields, mapped with a notice: see older_fields.py.)
@@ -167,7 +163,7 @@ class TrainingArguments(ProcessAttributes, ArgumentSetters):
     data_seed: int | None = field(default=None, metadata={"help": "Seed of the data shuffling (default: seed)."})
     use_cpu: bool = field(default=False, metadata={"help": "Run on CPU even when an accelerator is present."})
     local_rank: int = field(default=-1, metadata={"help": "Accepted for old launchers; the rank comes from the environment."})
-    accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, ...): a dict or a JSON file."})
+    accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, gradient_accumulation_kwargs, ...): a dict, a JSON file or an AcceleratorConfig; held as transformers' AcceleratorConfig."})
     parallelism_config: Any = field(default=None, metadata={"help": "A ParallelismConfig (trainkit's or Accelerate's): data replicas x FSDP shards x tensor parallelism (docs/parallelism.md)."})
     ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "DistributedDataParallel's find_unused_parameters."})
     ddp_bucket_cap_mb: int | None = field(default=None, metadata={"help": "DistributedDataParallel's bucket_cap_mb."})
@@ -312,7 +308,7 @@ class TrainingArguments(ProcessAttributes, ArgumentSetters):
                 raise ConfigError(f"dataloader_persistent_workers=True in {WHERE} needs dataloader_num_workers > 0.")
 
     def _check_best_model(self) -> None:
-        needs_metric = self.load_best_model_at_end or self.save_strategy == "best" or self.lr_scheduler_type == "reduce_lr_on_plateau"
+        needs_metric = self.load_best_model_at_end or self.lr_scheduler_type in ("reduce_lr_on_plateau", "greedy")
         if needs_metric and self.metric_for_best_model is None:
             self.metric_for_best_model = "loss"
         if self.greater_is_better is None and self.metric_for_best_model is not None:
@@ -320,6 +316,10 @@ class TrainingArguments(ProcessAttributes, ArgumentSetters):
         if (self.save_strategy == "best" or self.lr_scheduler_type in ("reduce_lr_on_plateau", "greedy")) and self.eval_strategy == "no":
             reason = "save_strategy='best'" if self.save_strategy == "best" else f"lr_scheduler_type={self.lr_scheduler_type!r}"
             raise ConfigError(f"{reason} in {WHERE} needs evaluations: set eval_strategy to 'steps' or 'epoch'.")
+        if self.save_strategy == "best" and self.metric_for_best_model is None:
+            # transformers' wording kept in the message ("`args.metric_for_best_model` must be provided"): scripts match it
+            raise ConfigError(f"save_strategy='best' in {WHERE} keeps the checkpoints that improve a metric: "
+                              "`args.metric_for_best_model` must be provided (e.g. 'loss' or a compute_metrics key).")
         if not self.load_best_model_at_end or self.save_strategy == "best":
             return
         if self.eval_strategy == "no" or self.save_strategy == "no":
@@ -423,12 +423,25 @@ class TrainingArguments(ProcessAttributes, ArgumentSetters):
             value = getattr(self, f.name)
             if f.name.endswith("_token"):  # masked even when unset, as transformers does
                 value = f"<{f.name.upper()}>"
-            result[f.name] = value
+            result[f.name] = _json_ready(value)
         return result
 
     def to_json_string(self) -> str:
         """The arguments as indented JSON (tokens masked)."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+def _json_ready(value: Any) -> Any:
+    """A torch dtype (a subclass may declare a ``dtype`` field) as its name, ``torch.bfloat16`` -> ``"bfloat16"``,
+    also inside dict values, and a configuration dataclass (``accelerator_config``) as its dict, as transformers
+    writes them; everything else unchanged."""
+    if type(value).__name__ == "dtype" and str(value).startswith("torch."):
+        return str(value).split(".", 1)[1]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and hasattr(value, "to_dict"):
+        return _json_ready(value.to_dict())
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    return value
 
 
 def _enum_value(value: Any) -> Any:

@@ -267,6 +267,10 @@ class CallbackHandler:
 
     def __init__(self, callbacks, model, processing_class, optimizer, lr_scheduler) -> None:
         self.callbacks: list[TrainerCallback] = []
+        self.engine_callbacks: list[TrainerCallback] = []
+        """trainkit's own writers (the JSONL log and the ``report_to`` trackers, :class:`TrackerCallback`): called
+        first at every event, but not listed in ``callbacks``, which holds what transformers' list holds (the
+        flow and progress callbacks and the user's)."""
         for callback in callbacks:
             self.add_callback(callback)
         self.model = model
@@ -285,7 +289,7 @@ class CallbackHandler:
         """Add a callback instance, or a class to instantiate without arguments."""
         callback = callback() if isinstance(callback, type) else callback
         if type(callback) in [type(c) for c in self.callbacks]:
-            logger.warning("Adding a second %s to the callbacks.", type(callback).__name__)
+            logger.warning(f"Adding a second {type(callback).__name__} to the callbacks.")  # the name in the message itself
         self.callbacks.append(callback)
 
     def pop_callback(self, callback):
@@ -308,7 +312,7 @@ class CallbackHandler:
     def call_event(self, event: str, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                    **kwargs: Any) -> TrainerControl:
         """Run ``event`` on every callback; a callback may return a new control."""
-        for callback in self.callbacks:
+        for callback in [*self.engine_callbacks, *self.callbacks]:
             result = getattr(callback, event)(
                 args,
                 state,
@@ -449,7 +453,10 @@ class ProgressCallback(TrainerCallback):
         if self.prediction_bar is None:
             from tqdm.auto import tqdm
 
-            total = len(eval_dataloader) if hasattr(eval_dataloader, "__len__") else None
+            try:
+                total = len(eval_dataloader)
+            except TypeError:  # a stream: DataLoader.__len__ exists but raises
+                total = None
             self.prediction_bar = tqdm(total=total, leave=self.training_bar is None, dynamic_ncols=True)
         self.prediction_bar.update(1)
 
@@ -462,8 +469,8 @@ class ProgressCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         self._close_prediction_bar()
 
-    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,  # type: ignore[override]
-                   **kwargs: Any) -> None:  # transformers' signature (metrics arrives in kwargs)
+    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,  # type: ignore[override]  # transformers' signature
+                   **kwargs: Any) -> None:  # (metrics arrives in kwargs)
         self._close_prediction_bar()
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -570,8 +577,8 @@ class EarlyStoppingCallback(TrainerCallback, ExportableState):
         )
         self.early_stopping_patience_counter = 0 if improved else self.early_stopping_patience_counter + 1
 
-    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,  # type: ignore[override]
-                    metrics: dict[str, float], **kwargs: Any) -> None:  # transformers' signature
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,  # type: ignore[override]  # transformers' signature
+                    metrics: dict[str, float], **kwargs: Any) -> None:
         name = args.metric_for_best_model
         if name is None:  # refused at on_train_begin; an evaluate() outside training has nothing to stop
             return

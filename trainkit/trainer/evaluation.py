@@ -222,7 +222,7 @@ def evaluation_loop(trainer: EvaluatedTrainer, dataloader: Any, description: str
             if logits is not None and labels is not None:
                 is_last = accelerator.gradient_state.end_of_dataloader  # set by the prepared loader on its last batch
                 metrics = dict(trainer.compute_metrics(EvalPrediction(logits, labels), compute_result=is_last) or {})
-        else:
+        if not batch_metrics or description == "Prediction":  # predict() returns them under batch metrics too
             results.add("predictions", logits)
             results.add("labels", labels)
         results.end_batch()
@@ -390,7 +390,7 @@ class EvaluationMethods:
         """After an evaluate() outside train(): its log restarted the trackers; close them (no file left open)."""
         from .callbacks import TrackerCallback
 
-        for callback in self.callback_handler.callbacks:
+        for callback in self.callback_handler.engine_callbacks:
             if isinstance(callback, TrackerCallback) and callback.started:
                 callback.on_train_end(self.args, self.state, self.control)
 

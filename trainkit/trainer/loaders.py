@@ -64,7 +64,8 @@ class DataLoaderMethods:
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         """The evaluation DataLoader of ``eval_dataset`` (a dataset, or the name of one of ``self.eval_dataset``'s),
-        in order, nothing dropped; built once per dataset and reused (the engine keeps every loader it prepares)."""
+        in order, nothing dropped; built afresh on each call (as transformers: changed arguments apply), except
+        with ``dataloader_persistent_workers``, where the loader of a dataset is kept so its workers live on."""
         if eval_dataset is None and self.eval_dataset is None:
             raise ValueError("Evaluation needs an eval_dataset (in the Trainer or as an argument).")
         key = eval_dataset if isinstance(eval_dataset, str) else "eval"
@@ -72,12 +73,14 @@ class DataLoaderMethods:
             eval_dataset = self.eval_dataset[eval_dataset]
         elif eval_dataset is None:
             eval_dataset = self.eval_dataset
-        cached = self._eval_dataloaders.get(id(eval_dataset))
-        if cached is None:
-            cached = self._get_dataloader(eval_dataset, "Evaluation", self.args.per_device_eval_batch_size,
-                                          sampler_fn=SequentialSampler, dataloader_key=key)
-            self._eval_dataloaders[id(eval_dataset)] = cached
-        return cached
+        persistent = self.args.dataloader_persistent_workers
+        if persistent and id(eval_dataset) in self._eval_dataloaders:
+            return self._eval_dataloaders[id(eval_dataset)]
+        loader = self._get_dataloader(eval_dataset, "Evaluation", self.args.per_device_eval_batch_size,
+                                      sampler_fn=SequentialSampler, dataloader_key=key)
+        if persistent:
+            self._eval_dataloaders[id(eval_dataset)] = loader
+        return loader
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """The prediction DataLoader for ``test_dataset`` (in order, nothing dropped)."""
@@ -152,14 +155,14 @@ class DataLoaderMethods:
     def num_examples(self, dataloader: DataLoader) -> int:
         """Samples in ``dataloader``'s dataset (or, without one, batches x ``per_device_train_batch_size``)."""
         try:
-            return len(dataloader.dataset)  # type: ignore[arg-type]
+            return len(dataloader.dataset)  # type: ignore[arg-type]  # torch types Dataset without __len__; caught below
         except (AttributeError, TypeError):
             return len(dataloader) * self.args.per_device_train_batch_size
 
     def _prepare_input(self, data: Any) -> Any:
         """``data`` on the device, nested dicts, lists and tuples included."""
         if isinstance(data, Mapping):
-            return type(data)({key: self._prepare_input(value) for key, value in data.items()})  # type: ignore[call-arg]
+            return type(data)({key: self._prepare_input(value) for key, value in data.items()})  # type: ignore[call-arg]  # a Mapping subclass built from a dict
         if isinstance(data, (tuple, list)):
             return type(data)(self._prepare_input(value) for value in data)
         if isinstance(data, torch.Tensor):

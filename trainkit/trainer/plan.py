@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
+
+logger = logging.getLogger(__name__)
 
 
 class TrainingPlan(NamedTuple):
@@ -116,3 +119,22 @@ class PlanMethods:
     def _parallel_degree(self, name: str) -> int:
         config = getattr(self.accelerator, "parallelism_config", None)
         return int(getattr(config, name, None) or 1) if config is not None else 1
+
+
+def log_plan(trainer: Any, values: TrainingValues, train_dataloader: Any) -> None:
+    """The run's shape at INFO level when training starts, on the main process (``log_level="info"`` shows it,
+    as transformers' "Running training" block)."""
+    if not trainer.is_world_process_zero():
+        return
+    try:
+        examples = f"{len(train_dataloader.dataset):,}"
+    except (AttributeError, TypeError):
+        examples = "unknown (a stream)"
+    sized = length_or_none(train_dataloader) is not None
+    trainable = trainer.get_num_trainable_parameters()
+    logger.info("***** Running training *****\n  examples: %s\n  epochs: %s\n  optimizer steps per epoch: %s\n"
+                "  batch size per process: %d\n  accumulation steps: %d\n  global batch size: %d\n"
+                "  optimizer steps: %d\n  trainable parameters: %s",
+                examples, f"{values.num_train_epochs:,}" if sized else "until max_steps",
+                values.num_update_steps_per_epoch if sized else "unknown", trainer._train_batch_size,
+                trainer._accumulation_steps, values.total_train_batch_size, values.max_steps, f"{trainable:,}")

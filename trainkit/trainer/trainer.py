@@ -46,8 +46,9 @@ from .evaluation import EvaluationMethods, speed_metrics
 from .hooks import announce_overridden_hooks
 from .loaders import DataLoaderMethods
 from .meter import TrainingMeter, flops_parameters, training_logs
+from .neftune import neftune_while_training
 from .optim import build_scheduler
-from .plan import PlanMethods, length_or_none, loader_epoch
+from .plan import PlanMethods, length_or_none, loader_epoch, log_plan
 from .reporting import ReportingMethods
 from .saving import SavingMethods
 
@@ -102,7 +103,7 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         self._memory_tracker.start()  # named by its caller (__init__, train, evaluate): transformers' stages
         self._loaded_model = model  # read by create_accelerator: a model transformers sharded sets the layout
         self.create_accelerator_and_postprocess()
-        self._configure_logging()
+        wiring.apply_log_level(self.args)
         self.hub: Any = None
         self.hub_model_id: str | None = None
         if self.args.push_to_hub:
@@ -114,10 +115,12 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         self.model = self.model_wrapped = model
         self._model_prepared = self._optimizer_prepared = False
         self.label_names = self.args.label_names or default_label_names(model)
+        self.label_smoother = wiring.label_smoother(self.args, model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
         self._num_parameters = flops_parameters(model)
         self._train_batch_size = self.args.per_device_train_batch_size
+        """The per-process training batch: the arguments', or what auto_find_batch_size found (args stay as written)."""
         self._signature_columns: list[str] | None = None
         self._eval_dataloaders: dict[Any, Any] = {}
         self._engine_saved_weights_to: str | None = None
@@ -126,10 +129,10 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         self.current_flos = 0.0
         self.checkpoint_manager = CheckpointManager(self)
         """Saves, resume point, rotation and the best model: every checkpoint goes through it."""
-        self.callback_handler = CallbackHandler([DefaultFlowCallback, TrackerCallback(self.accelerator)]
-                                                + list(callbacks or []), self.model, processing_class,
-                                                self.optimizer, self.lr_scheduler)
+        self.callback_handler = CallbackHandler([DefaultFlowCallback, *(callbacks or [])], self.model,
+                                                processing_class, self.optimizer, self.lr_scheduler)
         self.add_callback(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
+        self.callback_handler.engine_callbacks.append(TrackerCallback(self.accelerator))
         self.control = TrainerControl()
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero(),
@@ -174,11 +177,6 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         deepspeed_plugin = self._deepspeed.plugin if self._deepspeed else None
         model = getattr(self, "model", None) or getattr(self, "_loaded_model", None)  # the model to train, once known
         return {**accelerator_arguments(self.args, deepspeed_plugin, model=model), **kwargs}
-
-    def _configure_logging(self) -> None:
-        level = self.args.log_level if self.args.should_log else self.args.log_level_replica  # log_on_each_node
-        if level != "passive":
-            logging.getLogger("trainkit").setLevel(getattr(logging, level.upper()))
 
     def is_world_process_zero(self) -> bool:
         """True on the one process that writes logs, checkpoints' JSON and prints."""
@@ -275,17 +273,15 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         self.is_in_train = True
         try:
             folder = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
-            if folder is not None:
-                if not self._loads_weights_after_wrapping():
-                    self._load_from_checkpoint(folder)
-                if self.args.auto_find_batch_size:  # the batch size the checkpointed run found to fit
-                    saved = TrainerState.load_from_json(f"{folder}/{checkpoints.TRAINER_STATE_NAME}")
-                    self._train_batch_size = saved.train_batch_size or self._train_batch_size
+            if folder is not None and not self._loads_weights_after_wrapping():
+                self._load_from_checkpoint(folder)
+            wiring.batch_size_to_resume(self, folder)  # the batch size the checkpointed run found to fit
             run = functools.partial(self._inner_training_loop, args=self.args, resume_from_checkpoint=folder,
                                     trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
-            if self.args.auto_find_batch_size:
-                return wiring.train_with_batch_size_search(self, run, self._train_batch_size)
-            return run(batch_size=self._train_batch_size)
+            with neftune_while_training(self.model, self.args.neftune_noise_alpha):
+                if self.args.auto_find_batch_size:
+                    return wiring.train_with_batch_size_search(self, run, self._train_batch_size)
+                return run(batch_size=self._train_batch_size)
         finally:
             self.is_in_train = False
 
@@ -303,8 +299,8 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         train_dataloader = self.get_train_dataloader()
         if resume_from_checkpoint:  # another world size: the same global batch, before the run's length is planned
             resume.keep_global_batch_on_resume(self, resume_from_checkpoint, train_dataloader)
-        (num_train_epochs, num_update_steps_per_epoch, num_examples, num_train_samples, total_train_batch_size,
-         steps_in_epoch, max_steps) = self.set_initial_training_values(args, train_dataloader)
+        values = self.set_initial_training_values(args, train_dataloader)
+        (num_train_epochs, num_update_steps_per_epoch, _, num_train_samples, _, steps_in_epoch, max_steps) = values
         sized = length_or_none(train_dataloader) is not None
         self._update_steps_per_epoch = num_update_steps_per_epoch if sized else None  # where a resume continues
         epochs_trained, steps_trained_in_current_epoch = self._init_training_state(
@@ -312,8 +308,7 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         model, train_dataloader = self._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
         if not sized:  # a stream: the epoch is the restored loader's
             epochs_trained = loader_epoch(train_dataloader)
-        logger.info("Training %s examples for %d optimizer steps (global batch %d)", num_examples, max_steps,
-                    total_train_batch_size)
+        log_plan(self, values, train_dataloader)
         start_time = time.time()
         self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
         self._initial_global_step = self._globalstep_last_logged = self.state.global_step
@@ -346,6 +341,7 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         if resume_from_checkpoint is not None:
             loaded = TrainerState.load_from_json(f"{resume_from_checkpoint}/{checkpoints.TRAINER_STATE_NAME}")
             self.compare_trainer_and_checkpoint_args(self.args, loaded)
+            resume.warn_about_changed_plan(self, loaded, resume_from_checkpoint)
             resume.adopt_state(self, loaded)
             self._load_callback_state()
             epochs_trained = self.state.global_step // num_update_steps_per_epoch
@@ -473,7 +469,7 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
             labels = inputs.get(label_name)
             outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name})
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-        elif self.args.label_smoothing_factor and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
+        elif self.label_smoother is not None and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
             loss, outputs = wiring.label_smoothed_loss(self, model, inputs)
         else:
             outputs = call_model(model, inputs)

@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from trainkit.config.errors import check_choice
+
 logger = logging.getLogger(__name__)
 
 
 def engine_options(args: Any) -> dict[str, Any]:
     """Accelerator keyword arguments the ddp_* fields and accelerator_config decide."""
-    from trainkit.utils.dataclasses import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from trainkit.utils.dataclasses import (DataLoaderConfiguration, DistributedDataParallelKwargs,
+                                            GradientAccumulationPlugin, InitProcessGroupKwargs)
 
     if args.save_on_each_node:
         state = args._process_state()
@@ -39,13 +43,30 @@ def engine_options(args: Any) -> dict[str, Any]:
     # transformers' Trainer shuffles with the seedable sampler (its accelerator_config default), from data_seed.
     data_config = DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed,
                                           use_stateful_dataloader=True, use_seedable_sampler=True)
-    for key, value in args.accelerator_config.items():
-        if key in ("use_configured_state", "gradient_accumulation_kwargs"):
-            continue  # trainkit always reuses the process's existing state; the Trainer accumulates itself
+    options: dict[str, Any] = {"kwargs_handlers": handlers, "dataloader_config": data_config}
+    config = _accelerator_config_dict(args.accelerator_config)
+    for key, value in config.items():
+        if key == "use_configured_state":
+            continue  # trainkit always reuses the process's existing state: what True asks for
+        if key == "gradient_accumulation_kwargs":  # read by TrainingArguments; only sync_each_batch reaches the engine
+            if (value or {}).get("sync_each_batch"):
+                options["gradient_accumulation_plugin"] = GradientAccumulationPlugin(num_steps=1, sync_each_batch=True)
+            continue
         if not hasattr(data_config, key):
             raise ValueError(f"accelerator_config[{key!r}] is not supported by this trainkit engine's DataLoaderConfiguration.")
         setattr(data_config, key, value)
-    return {"kwargs_handlers": handlers, "dataloader_config": data_config}
+    return options
+
+
+def _accelerator_config_dict(config: Any) -> dict[str, Any]:
+    """``args.accelerator_config`` (transformers' AcceleratorConfig, which a script may have changed since the
+    arguments were built) as a dict, checked again: an attribute set afterwards names a key too."""
+    from .argument_checks import DATALOADER_KEYS, OTHER_ACCELERATOR_KEYS
+
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+    for key in values:
+        check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where="TrainingArguments")
+    return values
 
 
 class LengthGroupedEpochSampler(torch.utils.data.Sampler):
@@ -102,10 +123,6 @@ def prepare_model_features(trainer: Any, model: nn.Module) -> None:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         _apply_liger_kernel_to_instance(model=model, **(args.liger_kernel_config or {}))
-    if args.neftune_noise_alpha is not None:
-        from .neftune import activate_neftune  # the installed transformers' hook, wherever that release has it
-
-        trainer.neftune_hook_handle = activate_neftune(model, args.neftune_noise_alpha)
     if "underflow_overflow" in args.debug:
         from transformers.debug_utils import DebugUnderflowOverflow
 
@@ -143,11 +160,25 @@ def _enable_activation_checkpointing(model: nn.Module, kwargs: dict[str, Any]) -
     method(**call)
 
 
+def label_smoother(args: Any, model: nn.Module) -> Any:
+    """``Trainer.label_smoother``: transformers' LabelSmoother for ``label_smoothing_factor``, else None. A model
+    configured for multi-label classification (independent sigmoid targets) gets none, with a warning, as in
+    transformers: smoothing a softmax over classes does not apply to it."""
+    if not args.label_smoothing_factor:
+        return None
+    if getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification":
+        warnings.warn(f"label_smoothing_factor={args.label_smoothing_factor} is not applied: Label smoothing is not "
+                      "compatible with multi-label classification (config.problem_type).", UserWarning, stacklevel=3)
+        return None
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    return LabelSmoother(epsilon=args.label_smoothing_factor)
+
+
 def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any]) -> tuple[torch.Tensor, Any]:
-    """(loss, outputs) with transformers' LabelSmoother: labels are withheld from the model, and shifted by one
+    """(loss, outputs) with ``trainer.label_smoother``: labels are withheld from the model, and shifted by one
     for causal language models, as transformers does."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    from transformers.trainer_pt_utils import LabelSmoother
 
     from .data import call_model
 
@@ -156,8 +187,7 @@ def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any
     outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name})
     unwrapped = trainer.accelerator.unwrap_model(model)
     causal = unwrapped._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if hasattr(unwrapped, "_get_name") else False
-    smoother = LabelSmoother(epsilon=trainer.args.label_smoothing_factor)
-    return smoother(outputs, labels, shift_labels=causal), outputs
+    return trainer.label_smoother(outputs, labels, shift_labels=causal), outputs
 
 
 def seed_run(args: Any) -> None:
@@ -184,23 +214,44 @@ def maybe_empty_cache(args: Any, global_step: int, device: torch.device) -> None
         torch.cuda.empty_cache()
 
 
+def apply_log_level(args: Any) -> None:
+    """log_level (log_level_replica on the processes that do not log, per log_on_each_node) sets trainkit's
+    loggers and, as in transformers, transformers' verbosity; "passive" leaves both as they are."""
+    level = args.log_level if args.should_log else args.log_level_replica
+    if level != "passive":
+        logging.getLogger("trainkit").setLevel(getattr(logging, level.upper()))
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity(getattr(logging, level.upper()))
+
+
+def batch_size_to_resume(trainer: Any, folder: str | None) -> None:
+    """With auto_find_batch_size, a resume starts from the batch size the interrupted run had found."""
+    if folder and trainer.args.auto_find_batch_size:
+        from .checkpointing.resume import saved_train_batch_size
+
+        trainer._train_batch_size = saved_train_batch_size(folder) or trainer._train_batch_size
+
+
 def train_with_batch_size_search(trainer: Any, run: Callable[..., Any], batch_size: int) -> Any:
-    """``run(batch_size=...)``; on an out-of-memory error halve the batch size and start again (as transformers'
-    auto_find_batch_size; every process must hit the error together, as on equal GPUs). The arguments keep the
-    batch size the script gave; the Trainer trains with ``trainer._train_batch_size``."""
+    """``run(batch_size=...)``; on an out-of-memory error take 90% of the batch size (rounded down) and start
+    again, as transformers' auto_find_batch_size does (accelerate's find_executable_batch_size; every process
+    must hit the error together, as on equal GPUs). The arguments keep the batch size the script gave; the
+    Trainer trains with ``trainer._train_batch_size`` (also ``state.train_batch_size``, so a resume starts from it)."""
     from trainkit.utils.memory import is_out_of_memory, release_memory
 
     while True:
         try:
             return run(batch_size=batch_size)
         except Exception as error:  # noqa: BLE001 - only out-of-memory errors are retried
-            if not is_out_of_memory(error) or batch_size <= 1:
+            smaller = int(batch_size * 0.9)
+            if not is_out_of_memory(error) or smaller < 1:
                 raise
             if trainer.optimizer is not None:
                 trainer.optimizer.zero_grad(set_to_none=True)
             release_memory()
-            batch_size //= 2
-            logger.warning("Out of memory: training again with a batch size of %d per process.", batch_size)
+            batch_size = smaller
+            logger.warning("Out of memory: training again with a training batch size of %d per process.", batch_size)
 
 
 def replan_schedule(trainer: Any, max_steps: int) -> None:

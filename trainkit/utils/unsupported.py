@@ -24,8 +24,8 @@ _FP8 = ("trainkit does not drive FP8 training (Transformer Engine, MS-AMP, torch
 _BNB = "trainkit does not quantize models with bitsandbytes (load them quantized with transformers instead)"
 _BIG_MODEL = ("trainkit does not do big-model inference (device maps, CPU/disk offload and dispatch); "
               "load and dispatch the model with transformers' device_map before or instead of trainkit")
-_PARALLELISM = ("trainkit does not drive context or sequence parallelism; tensor parallelism is set with "
-                "trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin objects; docs/parallelism.md)")
+_PARALLELISM = ("tensor parallelism is set with trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin "
+                "objects; docs/parallelism.md)")
 _SAGEMAKER = "trainkit does not launch on Amazon SageMaker"
 _PIPPY = "trainkit does not drive pipeline-parallel inference (PiPPy)"
 _LAUNCH = ("this is a helper of `accelerate launch`; trainkit's launcher (`trainkit launch`) builds its own "
@@ -53,8 +53,7 @@ NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "align_module_device", "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
     "check_tied_parameters_in_config", "get_mixed_precision_context_manager", "set_module_tensor_to_device")})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
-    "TorchTensorParallelPlugin", "TorchTensorParallelConfig", "TorchContextParallelConfig",
-    "DeepSpeedSequenceParallelConfig", "get_model_tp_size")})
+    "TorchTensorParallelPlugin", "TorchTensorParallelConfig", "get_model_tp_size")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
 NOT_DRIVEN.update({name: _PIPPY for name in ("prepare_pippy",)})
 NOT_DRIVEN.update({name: _LAUNCH for name in (
@@ -241,7 +240,7 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
 
 def accelerate_signature(name: str, method: bool = False) -> inspect.Signature:
     """The signature of ``ACCELERATE_SIGNATURES[name]`` (with ``self`` first for a method)."""
-    arguments = ast.parse(f"def _({'self, ' if method else ''}{ACCELERATE_SIGNATURES[name]}): pass").body[0].args  # type: ignore[attr-defined]
+    arguments = ast.parse(f"def _({'self, ' if method else ''}{ACCELERATE_SIGNATURES[name]}): pass").body[0].args  # type: ignore[attr-defined]  # body[0] is the def just parsed
     kind = inspect.Parameter
     positional = arguments.posonlyargs + arguments.args
     defaults = [kind.empty] * (len(positional) - len(arguments.defaults)) + list(arguments.defaults)
@@ -268,7 +267,7 @@ def refusing_function(name: str) -> Any:
 
     refused.__name__ = refused.__qualname__ = name
     refused.__doc__ = f"Not available in trainkit: {NOT_DRIVEN[name]}."
-    refused.__signature__ = accelerate_signature(name)  # type: ignore[attr-defined]
+    refused.__signature__ = accelerate_signature(name)  # type: ignore[attr-defined]  # Accelerate's signature, for inspect
     return refused
 
 
@@ -278,7 +277,7 @@ def refusing_class(name: str) -> type:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _refuse(name)
 
-    __init__.__signature__ = accelerate_signature(name, method=True)  # type: ignore[attr-defined]
+    __init__.__signature__ = accelerate_signature(name, method=True)  # type: ignore[attr-defined]  # Accelerate's signature, for inspect
     return type(name, (), {"__init__": __init__, "__doc__": f"Not available in trainkit: {NOT_DRIVEN[name]}.",
                            "__module__": __name__})
 

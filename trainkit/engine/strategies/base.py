@@ -84,14 +84,15 @@ class Strategy:
         """Build the strategy from what the Accelerator asked for (the registry calls this)."""
         return cls(request.state)
 
-    def build_precision(self, mode: str, scaler_kwargs: dict[str, Any] | None = None) -> Precision:
-        """Build (and keep) the mixed precision this strategy runs with; fp16 gets the loss scaler it needs."""
+    def build_precision(self, mode: str, scaler_kwargs: dict[str, Any] | None = None, options: Any = None) -> Precision:
+        """Build (and keep) the mixed precision this strategy runs with; fp16 gets the loss scaler it needs.
+        ``options``: the mode's own settings (``EngineConfig.precision_options``)."""
         scaler_class = None
         if mode == "fp16" and self.capabilities.needs_sharded_grad_scaler:
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             scaler_class = ShardedGradScaler
-        self.precision = build_precision(mode, self.device, scaler_kwargs, scaler_class=scaler_class)
+        self.precision = build_precision(mode, self.device, scaler_kwargs, scaler_class=scaler_class, options=options)
         return self.precision
 
     @property
@@ -107,13 +108,14 @@ class Strategy:
 
     @property
     def data_parallel_rank(self) -> int:
-        """Which share of each global batch this process reads (the same across a tensor-parallel group)."""
+        """Which share of each global batch this process reads (the same across a tensor- or sequence-parallel
+        group)."""
         return self.dims.dp_rank(self.state.rank) if self.dims is not None else self.state.rank
 
     @property
     def data_group(self) -> dist.ProcessGroup | None:
         """The process group evaluation results are gathered over (None: every process)."""
-        return self.dims.dp_group if self.dims is not None and self.dims.tp > 1 else None
+        return self.dims.dp_group if self.dims is not None and self.dims.dp_size < self.state.world_size else None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Place ``model`` on the device and wrap it for this strategy."""
@@ -157,6 +159,7 @@ class Strategy:
         """Load sharded or full state (strict); ``from_rank0``: only rank 0's full state is read, then broadcast."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+        full, from_rank0 = _only_with_process_group(full, from_rank0)
         set_model_state_dict(model, state_dict, options=StateDictOptions(
             full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0, strict=True))
 
@@ -208,8 +211,21 @@ class Strategy:
         if not state_dict.get("state"):
             _load_hyperparameters(optimizer, state_dict.get("param_groups", []))
             return
+        full, from_rank0 = _only_with_process_group(full, from_rank0)
         set_optimizer_state_dict(model, optimizer, state_dict, options=StateDictOptions(
             full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0))
+
+
+def _only_with_process_group(full: bool, from_rank0: bool) -> tuple[bool, bool]:
+    """``full``/``from_rank0`` as torch's loaders should see them. Without a process group (one process that
+    never initialised torch.distributed) every tensor is already whole, so the local path is the same load;
+    torch's full-state path would also ask the default group for a device when the model's tensors are all
+    0-dimensional (a model of scalar parameters), and fail."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return full, from_rank0
+    return False, False
 
 
 def _load_hyperparameters(optimizer: torch.optim.Optimizer, saved_groups: list[dict[str, Any]]) -> None:
