@@ -8,9 +8,6 @@ gloo: transformers' Trainer runs distributed on CPU with ``use_cpu=True``), rank
 
 The differences that remain are by design, each applied by :func:`normalised` below:
 
-- trainkit builds an evaluation DataLoader once per dataset and reuses it (the engine keeps every loader it
-  prepares), where transformers rebuilds it at each evaluation: the calls made while rebuilding
-  (``_get_dataloader`` and what it calls) are left out of transformers' later ``get_eval_dataloader`` calls;
 - at the end of training transformers looks up the run's folder (``_get_output_dir``) to delete the newest checkpoint
   when ``save_total_limit=1`` and it is not the best; trainkit never deletes the newest checkpoint (the one a resume
   needs), so it has no such lookup there: that call of transformers' ``_finalize_training`` is left out;
@@ -41,25 +38,13 @@ FRAMEWORKS = ("transformers", "trainkit")
 
 
 def normalised(phases: dict[str, list], framework: str) -> dict[str, list]:
-    """Calls comparable across the two Trainers: transformers' rebuilds of an evaluation loader and its final
-    checkpoint lookup left out (see the module doc).
-
-    The phases after ``train`` share one Trainer (the resumed one), so a loader built in ``resume`` is reused by
-    ``evaluate``."""
-    built = {"train": False, "shared": False}
+    """Calls comparable across the two Trainers: transformers' final checkpoint lookup left out (see the module
+    doc)."""
     result = {}
     for phase, calls in phases.items():
-        trainer = "train" if phase == "train" else "shared"
-        kept, skip_below, callers = [], None, []
+        kept, callers = [], []
         for name, depth, received in calls:
             callers[depth:] = [name]
-            if skip_below is not None and depth > skip_below:
-                continue
-            skip_below = None
-            if framework == "transformers" and name == "get_eval_dataloader":
-                if built[trainer]:
-                    skip_below = depth
-                built[trainer] = True
             if framework == "transformers" and name == "_get_output_dir" and callers[depth - 1:depth] == ["_finalize_training"]:
                 continue
             kept.append([name, depth, received])

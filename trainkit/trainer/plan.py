@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
 
-logger = logging.getLogger(__name__)
+# a Trainer mixin's messages are the Trainer's: one logger for them all, as transformers' come from transformers.trainer
+logger = logging.getLogger("trainkit.trainer.trainer")
 
 
 class TrainingPlan(NamedTuple):
@@ -131,7 +132,9 @@ def log_plan(trainer: Any, values: TrainingValues, train_dataloader: Any) -> Non
     except (AttributeError, TypeError):
         examples = "unknown (a stream)"
     sized = length_or_none(train_dataloader) is not None
-    trainable = trainer.get_num_trainable_parameters()
+    from transformers.trainer_pt_utils import get_model_param_count
+
+    trainable = get_model_param_count(trainer.model, trainable_only=True)  # not the hook: transformers does the same
     logger.info("***** Running training *****\n  examples: %s\n  epochs: %s\n  optimizer steps per epoch: %s\n"
                 "  batch size per process: %d\n  accumulation steps: %d\n  global batch size: %d\n"
                 "  optimizer steps: %d\n  trainable parameters: %s",
