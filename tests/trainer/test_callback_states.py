@@ -99,3 +99,40 @@ def test_exportable_state_rebuilds_a_callback_from_its_state():
 
     rebuilt = Counter.from_state({"args": {"start": 2}, "attributes": {"count": 9}})
     assert (rebuilt.start, rebuilt.count) == (2, 9)
+
+
+class _Tagged(trainer_callback.TrainerCallback, trainer_callback.ExportableState):
+    """A callback written for transformers.Trainer: transformers' own ExportableState, one constructor value."""
+
+    def __init__(self, tag: str = "default"):
+        self.tag = tag
+
+    def state(self):
+        return {"args": {"tag": self.tag}, "attributes": {}}
+
+
+def test_callbacks_written_for_transformers_keep_their_states_one_per_instance(tmp_path, caplog):
+    """Two instances of a callback built on transformers' ExportableState are stored (a list, in order) and each
+    restored into its counterpart; a stored state whose callback is absent is named in a warning on the
+    Trainer's logger."""
+    args = _args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
+    Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(16),
+            callbacks=[_Tagged("first"), _Tagged("second")]).train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]
+    assert saved["_Tagged"] == [{"args": {"tag": "first"}, "attributes": {}},
+                                {"args": {"tag": "second"}, "attributes": {}}]
+
+    resumed = Trainer(model=EchoModel(), args=_args(tmp_path, max_steps=2, save_strategy="no",
+                                                    restore_callback_states_from_checkpoint=True),
+                      train_dataset=IndexDataset(16), callbacks=[_Tagged(), _Tagged()])
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert [cb.tag for cb in resumed.callback_handler.callbacks if isinstance(cb, _Tagged)] == ["first", "second"]
+
+    without = Trainer(model=EchoModel(), args=_args(tmp_path, max_steps=2, save_strategy="no",
+                                                    restore_callback_states_from_checkpoint=True),
+                      train_dataset=IndexDataset(16))
+    with caplog.at_level("WARNING", logger="trainkit.trainer.trainer"):
+        without.train(resume_from_checkpoint=str(checkpoint))
+    assert [r.msg for r in caplog.records if r.name == "trainkit.trainer.trainer" and "_Tagged" in r.msg] == [
+        "The checkpoint holds the states of callbacks this run does not have: _Tagged."]

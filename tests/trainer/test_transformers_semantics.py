@@ -284,3 +284,32 @@ def test_resume_warns_about_intervals_that_differ_from_the_checkpoint(tmp_path, 
             resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert "save_steps: 1 (from args) != 2 (from trainer_state.json)" in caplog.text
     assert "per_device_train_batch_size: 2 (from args) != 4 (from trainer_state.json)" in caplog.text
+
+
+# ----------------------------------------------------------------------------- inspection
+
+
+def test_learning_rates_and_trainable_parameters_as_transformers_reports_them(tmp_path):
+    """get_learning_rates (one value per parameter group, after a warm-up step) and
+    get_num_trainable_parameters (frozen parameters left out) equal transformers.Trainer's on the same model."""
+    import transformers
+
+    def model():
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 1))
+        net[2].weight.requires_grad_(False)
+        return net
+
+    settings = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", learning_rate=0.3, weight_decay=0.1,
+                    warmup_steps=4, max_steps=8)
+    found = []
+    for trainer in (Trainer(model=model(), args=TrainingArguments(**settings)),
+                    transformers.Trainer(model=model(), args=transformers.TrainingArguments(**settings))):
+        with pytest.raises(ValueError):
+            trainer.get_learning_rates()
+        trainer.create_optimizer_and_scheduler(num_training_steps=8)
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        found.append((trainer.get_learning_rates(), trainer.get_num_trainable_parameters()))
+    assert found[0] == found[1]
+    assert len(found[0][0]) == 2 and found[0][1] == 3 * 4 + 4 + 4 + 4 + 1

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -147,12 +148,22 @@ class ExportableState:
         return instance
 
 
+def is_exportable(obj: Any) -> bool:
+    """Whether ``obj`` is an :class:`ExportableState`: trainkit's, or transformers' own (a callback written for
+    transformers.Trainer keeps its state under trainkit's). transformers' class is looked up only where it is
+    already imported: an object of it cannot exist otherwise."""
+    if isinstance(obj, ExportableState):
+        return True
+    upstream = sys.modules.get("transformers.trainer_callback")
+    return upstream is not None and isinstance(obj, getattr(upstream, "ExportableState", ()))
+
+
 def exported_states(objects: Any) -> dict[str, Any]:
     """``TrainerState.stateful_callbacks`` of ``objects``: each one's ``state()`` under its class name, a list of
     them when a class occurs more than once (transformers' JSON shape)."""
     states: dict[str, Any] = {}
     for obj in objects:
-        if not isinstance(obj, ExportableState):
+        if not is_exportable(obj):
             raise TypeError(f"stateful_callbacks holds ExportableState objects, not {type(obj).__name__}.")
         name = type(obj).__name__
         if name in states:

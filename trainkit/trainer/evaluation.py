@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from .arguments import TrainingArguments
     from .callbacks import CallbackHandler, TrainerControl, TrainerState
 
-logger = logging.getLogger(__name__)
+# a Trainer mixin's messages are the Trainer's: one logger for them all, as transformers' come from transformers.trainer
+logger = logging.getLogger("trainkit.trainer.trainer")
 
 
 class EvaluatedTrainer(Protocol):

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from .callbacks import CallbackHandler
     from .data import ItemCounter
 
-logger = logging.getLogger(__name__)
+# a Trainer mixin's messages are the Trainer's: one logger for them all, as transformers' come from transformers.trainer
+logger = logging.getLogger("trainkit.trainer.trainer")
 
 
 def is_columnar(dataset: Any) -> bool:

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from .callbacks import CallbackHandler, TrainerControl, TrainerState
     from .meter import TrainingMeter
 
-logger = logging.getLogger(__name__)
+# a Trainer mixin's messages are the Trainer's: one logger for them all, as transformers' come from transformers.trainer
+logger = logging.getLogger("trainkit.trainer.trainer")
 
 
 class ReportingMethods:

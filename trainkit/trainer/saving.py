@@ -19,7 +19,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .checkpointing import files as checkpoints
-from .callbacks import ExportableState, TrainerControl
+from .callbacks import TrainerControl, is_exportable
 
 if TYPE_CHECKING:
     from torch import nn
@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from .checkpointing.manager import CheckpointManager
     from .hub import HubUploader
 
-logger = logging.getLogger(__name__)
+# a Trainer mixin's messages are the Trainer's: one logger for them all, as transformers' come from transformers.trainer
+logger = logging.getLogger("trainkit.trainer.trainer")
 
 MAX_SHARD_SIZE = "10GB"
 """Above this, weights that are not a transformers model's are written as shards and an index."""
@@ -176,11 +177,13 @@ class SavingMethods:
         for callback in restored:
             self.callback_handler.add_callback(callback)
         if missing:
-            logger.warning("The checkpoint holds the states of callbacks this run does not have: %s.", ", ".join(missing))
+            names = ", ".join(missing)  # in the message itself, as transformers writes it (filters read record.msg)
+            logger.warning(f"The checkpoint holds the states of callbacks this run does not have: {names}.")
 
-    def _stateful_callbacks(self) -> list[ExportableState]:
-        """The objects whose states ``trainer_state.json`` stores: the exportable callbacks and the control."""
-        return [obj for obj in self.callback_handler.callbacks + [self.control] if isinstance(obj, ExportableState)]
+    def _stateful_callbacks(self) -> list[Any]:
+        """The objects whose states ``trainer_state.json`` stores: the exportable callbacks (trainkit's or
+        transformers' ExportableState) and the control."""
+        return [obj for obj in self.callback_handler.callbacks + [self.control] if is_exportable(obj)]
 
     def compare_trainer_and_checkpoint_args(self, training_args: Any, trainer_state: Any) -> None:
         """Warn about the step intervals and batch size that differ between ``training_args`` and a resumed
