@@ -275,6 +275,43 @@ def test_a_model_of_scalar_parameters_resumes_exactly_on_one_process(tmp_path):
     assert (resumed.model.a.item(), resumed.model.b.item()) == (straight.model.a.item(), straight.model.b.item())
 
 
+class Recorder(nn.Module):
+    """Keeps every input it saw in a buffer that grows, and overrides load_state_dict to take the saved size."""
+
+    def __init__(self):
+        super().__init__()
+        self.offset = nn.Parameter(torch.zeros(1))
+        self.register_buffer("seen", torch.empty(0))
+        self.loads = 0
+
+    def load_state_dict(self, state_dict, strict=True):
+        self.loads += 1
+        self.seen = state_dict["seen"].clone()
+        return super().load_state_dict(state_dict, strict=strict)
+
+    def forward(self, x, labels=None):
+        self.seen = torch.cat([self.seen, x.squeeze(-1).detach()])
+        prediction = x.squeeze(-1) + self.offset
+        return {"loss": ((prediction - labels) ** 2).mean(), "logits": prediction}
+
+
+def test_resume_loads_weights_through_the_models_own_load_state_dict(tmp_path):
+    """A model overriding load_state_dict (here: a buffer whose size changes) resumes through it, once, as
+    transformers.Trainer loads it; the resumed run then sees the batches the uninterrupted one saw after step 2."""
+    def run(**extra):
+        torch.manual_seed(0)
+        return Trainer(model=Recorder(), train_dataset=IndexDataset(16),
+                       args=_args(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, seed=3, **extra))
+
+    straight = run()
+    straight.train()
+    resumed = run()
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed.model.loads == 1
+    assert torch.equal(resumed.model.seen, straight.model.seen) and straight.model.seen.numel() == 16
+    assert torch.equal(resumed.model.offset, straight.model.offset)
+
+
 def test_resume_warns_about_intervals_that_differ_from_the_checkpoint(tmp_path, caplog):
     args = _args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
     Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(8)).train()

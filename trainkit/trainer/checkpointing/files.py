@@ -184,7 +184,26 @@ def load_model_weights(trainer: Trainer, folder: str, checksums: bool = True, mo
     """
     verify_checkpoint(folder, checksums=checksums)
     target = prepared_model(trainer) if model is None else model
-    model_state.prepare_model_load(trainer.accelerator.strategy, target, folder, 0).apply()
+    if not _loaded_by_the_models_own_method(trainer.accelerator.unwrap_model(target), folder):
+        model_state.prepare_model_load(trainer.accelerator.strategy, target, folder, 0).apply()
+
+
+def _loaded_by_the_models_own_method(model: Any, folder: str) -> bool:
+    """A model class that overrides ``load_state_dict`` (e.g. to resize a buffer to the saved shape) gets its
+    full weights through it, as transformers' Trainer loads them (strict here: a mismatch still fails, naming
+    the keys); return whether it did. Sharded models and sharded checkpoints take the engine's path."""
+    from torch import nn
+    from torch.distributed.tensor import DTensor
+
+    full = os.path.join(folder, model_state.model_file(0))
+    if type(model).load_state_dict is nn.Module.load_state_dict or not os.path.isfile(full):
+        return False
+    if any(isinstance(tensor, DTensor) for tensor in model.state_dict().values()):
+        return False
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(full))
+    return True
 
 
 def has_engine_state(folder: str) -> bool:

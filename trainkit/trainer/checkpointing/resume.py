@@ -43,17 +43,18 @@ START = ResumePoint(0, 0)
 
 def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_per_epoch: int | None, *,
                     verify_checksums: bool = True) -> ResumePoint:
-    """Collective: load the engine's state of ``folder`` (optimizer, schedule, random states, data position; the
-    weights too, already loaded by ``Trainer._load_from_checkpoint``) into the prepared objects; return where the
-    loop picks up in its first epoch. ``trainer.state`` is the checkpoint's already (``_init_training_state``).
-    ``verify_checksums=False``: sizes only, for a folder the caller has just verified."""
+    """Collective: load the engine's state of ``folder`` (optimizer, schedule, random states, data position; not
+    the weights, which ``Trainer._load_from_checkpoint`` loads, as in transformers) into the prepared objects;
+    return where the loop picks up in its first epoch. ``trainer.state`` is the checkpoint's already
+    (``_init_training_state``). ``verify_checksums=False``: sizes only, for a folder the caller has just verified."""
     if trainer.accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
     position_restored = False
     if has_engine_state(folder):
         # Verifies the manifest first; nothing is half-loaded.
         trainer.accelerator.load_state(folder, dataloaders=training_loaders(train_dataloader),
-                                       verify_checksums=verify_checksums, keep_global_batch=False)
+                                       verify_checksums=verify_checksums, keep_global_batch=False,
+                                       load_models=False)  # the weights: the Trainer's _load_from_checkpoint hook
         position_restored = isinstance(train_dataloader, PreparedDataLoader) and train_dataloader.resume_mid_epoch
     elif trainer.accelerator.is_main_process:
         logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
