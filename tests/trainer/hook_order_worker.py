@@ -166,22 +166,30 @@ def run(framework: str, out_dir: Path) -> None:
         return recording(model=tiny_model(), args=args, train_dataset=table(16, 1), eval_dataset=table(6, 2),
                          compute_metrics=accuracy)
 
-    phases = {}
-    first = trainer()
-    calls.clear()
-    first.train()
-    phases["train"] = list(calls)
-    resumed = trainer()
-    calls.clear()
-    resumed.train(resume_from_checkpoint=str(output / "checkpoint-2"))
-    phases["resume"] = list(calls)
-    for phase, action in (("evaluate", resumed.evaluate), ("predict", lambda: resumed.predict(DictRows(5))),
-                          ("save_model", resumed.save_model)):
+    made = {"first": trainer()}
+
+    def resume():
+        made["resumed"] = trainer()  # built after the first run, as a script resuming later would
         calls.clear()
-        action()
+        made["resumed"].train(resume_from_checkpoint=str(output / "checkpoint-2"))
+
+    steps = (("train", made["first"].train), ("resume", resume), ("evaluate", lambda: made["resumed"].evaluate()),
+             ("predict", lambda: made["resumed"].predict(DictRows(5))), ("save_model", lambda: made["resumed"].save_model()))
+    phases: dict[str, list] = {}
+    for phase, action in steps:
+        calls.clear()
+        try:
+            action()
+        except Exception as error:  # noqa: BLE001 - recorded: the test decides whether it is a known failure
+            if framework != "transformers":
+                raise
+            # transformers' own Trainer failed here: the later phases are not run (the test compares the earlier)
+            phases["failed"] = [[phase, 0, {"error": f"{type(error).__name__}: {error}"}]]
+            break
         phases[phase] = list(calls)
     rank = int(os.environ.get("RANK", "0"))
-    phases["processes"] = [[str(resumed.args.parallel_mode), resumed.accelerator.num_processes, {}]]  # ran as launched
+    first = made["first"]
+    phases["processes"] = [[str(first.args.parallel_mode), first.accelerator.num_processes, {}]]  # ran as launched
     (out_dir / f"{framework}-rank{rank}.json").write_text(json.dumps(phases, indent=1))
 
 
