@@ -196,8 +196,7 @@ def _check_counts(info: dict[str, Any], prepared: PreparedObjects, loaders: list
 
 def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLike | None = None, *,
                            verify_checksums: bool = True, dataloaders: Sequence[PreparedDataLoader] | None = None,
-                           keep_global_batch: bool = True, load_models: bool = True,
-                           **_ignored: Any) -> str | None:
+                           keep_global_batch: bool = True, load_models: bool = True, **_ignored: Any) -> str | None:
     """Collective: restore everything :func:`save_accelerator_state` wrote; return the folder loaded.
 
     With no ``input_dir`` and automatic naming, the newest complete checkpoint is used (incomplete
@@ -206,9 +205,7 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     Nothing is changed unless the whole checkpoint is sound. Dataloaders get their epoch back, and
     their position inside it when they resume mid-epoch (``use_stateful_dataloader``). On another world size
     the accumulation is rescaled to keep the global batch (:mod:`.global_batch`; ``keep_global_batch=False``:
-    the caller owns the accumulation and does it itself, as the Trainer does). ``load_models=False``: the models
-    keep their weights (the caller has loaded them itself, as the Trainer's ``_load_from_checkpoint`` hook does).
-    """
+    the caller rescales itself, as the Trainer does; ``load_models=False``: the caller loads the weights itself)."""
     flush_background_writes(accelerator)  # a save still in flight is finished (and visible) before anything is read
     directory = _resolve_input_dir(accelerator, input_dir)
     if directory is None:
