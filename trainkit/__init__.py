@@ -50,6 +50,9 @@ _LAZY = {
     "TrainerState": "trainkit.trainer",
     "TrainerControl": "trainkit.trainer",
     "EarlyStoppingCallback": "trainkit.trainer",
+    "DefaultFlowCallback": "trainkit.trainer",
+    "PrinterCallback": "trainkit.trainer",
+    "ProgressCallback": "trainkit.trainer",
     "EvalPrediction": "trainkit.trainer",
 }
 _RENAMED: dict[str, str] = {}
@@ -78,8 +81,11 @@ if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
     from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
     from trainkit.trainer import (
+        DefaultFlowCallback,
         EarlyStoppingCallback,
         EvalPrediction,
+        PrinterCallback,
+        ProgressCallback,
         Seq2SeqTrainer,
         Seq2SeqTrainingArguments,
         Trainer,

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
 from trainkit.config.fsdp import SHARDING_STRATEGIES
@@ -19,6 +19,7 @@ from trainkit.config.ignored_field import reset_ignored_field
 from trainkit.engine.tracking import tracker_names
 from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
 from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
+from trainkit.trainer.argument_setters import ArgumentSetters
 from trainkit.trainer.optim import check_optimizer_name, optimizer_names
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,11 @@ def _scheduler_names() -> list[str]:
 
 
 @dataclass
-class TrainingArguments(ProcessAttributes):
+class TrainingArguments(ProcessAttributes, ArgumentSetters):
     """The Trainer's arguments: transformers 5.x field names, defaults and meanings (see docs/trainer.md)."""
+
+    default_optim: ClassVar[str] = "adamw_torch_fused"
+    """The ``optim`` transformers uses by default (a class constant, as in transformers)."""
 
     # --- output ---
     output_dir: str | None = field(default=None, metadata={"help": "Where checkpoints, logs and the final model go (default 'trainer_output')."})
@@ -387,6 +391,11 @@ class TrainingArguments(ProcessAttributes):
     def fsdp_options(self):
         """The resolved :class:`trainkit.config.fsdp.FSDPOptions`, or None when FSDP is off."""
         return self._fsdp_options
+
+    @property
+    def place_model_on_device(self) -> bool:
+        """Whether the Trainer puts the model on the device itself: always (the engine places it in ``prepare``)."""
+        return True
 
     @property
     def mixed_precision(self) -> str:

@@ -1,7 +1,8 @@
-"""Between a dataset and the model: column pruning, default collators, calling the model, counting loss items.
+"""Between a dataset and the model: label names, dropping unused keys, default collators, calling the model,
+counting loss items.
 
-The Trainer builds plain torch DataLoaders here and hands them to the engine, which shards them across
-processes. Batches may be dicts (transformers style) or tuples/lists (plain nn.Module style).
+Batches may be dicts (transformers style) or tuples/lists (plain nn.Module style); the DataLoaders themselves
+are built in :mod:`.loaders`.
 """
 
 from __future__ import annotations
@@ -34,34 +35,9 @@ def default_label_names(model: nn.Module) -> list[str]:
     return names or ["labels"]
 
 
-def accepted_columns(model: nn.Module, label_names: list[str]) -> set[str]:
-    """Column names the model's forward takes, with its labels (and the aliases collators rename)."""
-    return set(forward_parameter_names(model)) | set(label_names) | set(LABEL_COLUMN_ALIASES)
-
-
-def remove_unused_columns(dataset: Any, model: nn.Module, label_names: list[str], description: str) -> Any:
-    """Drop the columns of a ``datasets.Dataset`` that the model's forward does not take (other datasets pass).
-
-    A stream whose columns are unknown until read (``column_names is None``, e.g. after ``map``) passes
-    unchanged: :class:`UnusedColumnsDropper` drops its columns example by example instead.
-    """
-    if not hasattr(dataset, "column_names") or not hasattr(dataset, "remove_columns") or dataset.column_names is None:
-        return dataset
-    accepted = accepted_columns(model, label_names)
-    unused = [c for c in dataset.column_names if c not in accepted]
-    if unused:
-        logger.info("%s: dropping columns not taken by %s.forward: %s", description, type(model).__name__, unused)
-        dataset = dataset.remove_columns(unused)
-    if not dataset.column_names:
-        raise ValueError(
-            f"{description}: no column is left after dropping those {type(model).__name__}.forward does not take "
-            f"(dropped {unused}). Rename your columns to the forward's argument names or pass remove_unused_columns=False."
-        )
-    return dataset
-
-
 class UnusedColumnsDropper:
-    """A collator that first drops the keys of dict examples the model does not take (for streams of unknown columns)."""
+    """A collator that first drops the keys of dict examples the model does not take (datasets whose columns are
+    not known up front: torch datasets of dicts, streams)."""
 
     def __init__(self, collate_fn: Any, accepted: set[str], description: str) -> None:
         self.collate_fn = collate_fn
@@ -78,17 +54,6 @@ class UnusedColumnsDropper:
                     "remove_unused_columns=False.")
             features = kept
         return self.collate_fn(features)
-
-
-def collator_dropping_unknown_columns(collate_fn: Any, dataset: Any, accepted: set[str] | bool,
-                                      description: str) -> Any:
-    """``collate_fn``, behind an :class:`UnusedColumnsDropper` for a stream whose columns are unknown until read.
-
-    ``accepted``: the columns to keep, or False when ``remove_unused_columns`` is off.
-    """
-    if isinstance(accepted, set) and accepted and getattr(dataset, "column_names", False) is None:
-        return UnusedColumnsDropper(collate_fn, accepted, description)
-    return collate_fn
 
 
 def default_collator(processing_class: Any):

@@ -333,7 +333,9 @@ def p_ignore_data_skip(tmp_path):
 
 
 def p_callback_states(tmp_path):
-    class Counter(TrainerCallback):
+    from trainkit.trainer import ExportableState
+
+    class Counter(TrainerCallback, ExportableState):  # stored in trainer_state.json, as transformers stores one
         def __init__(self):
             self.count = 0
 
@@ -348,9 +350,9 @@ def p_callback_states(tmp_path):
     first.train()
     resumed = make_trainer(str(tmp_path / "out"), max_steps=4, eval_strategy="no",
                            restore_callback_states_from_checkpoint=True)
-    counter = Counter()
-    resumed.add_callback(counter)
+    resumed.add_callback(Counter())
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    counter = resumed.pop_callback(Counter)  # restoring rebuilds the callback from its state, as transformers does
     assert counter.count == 2 + 2  # the saved count, restored, plus the 2 steps after the resume (default: 2)
 
 

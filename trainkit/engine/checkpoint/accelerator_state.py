@@ -177,15 +177,18 @@ def read_state_info(reading: Reading) -> dict[str, Any]:
 
 
 def load_state_files(accelerator: Accelerator, reading: Reading, folder: str, *, require_all_objects: bool = False,
-                     dataloaders: Sequence[PreparedDataLoader] | None = None, keep_global_batch: bool = True) -> None:
-    """Collective: check the verified checkpoint ``reading`` against the prepared objects, then load it."""
+                     dataloaders: Sequence[PreparedDataLoader] | None = None, keep_global_batch: bool = True,
+                     load_models: bool = True) -> None:
+    """Collective: check the verified checkpoint ``reading`` against the prepared objects, then load it
+    (``load_models=False``: all but the models' weights, which the caller loads itself, as the Trainer's
+    ``_load_from_checkpoint`` hook does)."""
     info = read_state_info(reading)
     prepared = accelerator.prepared
     tracked_loaders = _tracked_loaders(prepared, dataloaders)
     counts = _counts(info, prepared, tracked_loaders)
     counts.check(require_all_objects)
     run_load_state_pre_hooks(accelerator, prepared.models, reading.directory)
-    loaded = _read_everything(accelerator, reading, info, tracked_loaders, keep_global_batch)
+    loaded = _read_everything(accelerator, reading, info, tracked_loaders, keep_global_batch, load_models)
     _apply(accelerator, loaded, tracked_loaders, info)
     if accelerator.is_main_process:
         left = counts.not_prepared()
@@ -196,11 +199,11 @@ def load_state_files(accelerator: Accelerator, reading: Reading, folder: str, *,
 
 
 def _read_everything(accelerator: Accelerator, reading: Reading, info: dict[str, Any],
-                     loaders: list[PreparedDataLoader], keep_batch: bool) -> dict[str, Any]:
+                     loaders: list[PreparedDataLoader], keep_batch: bool, load_models: bool) -> dict[str, Any]:
     """Read and check everything first (nothing is applied yet)."""
     strategy, prepared, storage, directory = accelerator.strategy, accelerator.prepared, reading.storage, reading.directory
     pending: list[Any] = [model_state.prepare_model_load(strategy, model, reading, i)
-                          for i, model in enumerate(prepared.models)]
+                          for i, model in enumerate(prepared.models) if load_models]
     for index, optimizer in enumerate(prepared.optimizers):
         pending.append(model_state.prepare_optimizer_load(strategy, _owning_model(prepared, index),
                                                           optimizer.optimizer, reading, index))

@@ -366,17 +366,20 @@ class Checkpointer:
         return folder
 
     def resume(self, folder: str, *, model: Any = None, read: Sequence[str] = (), verify_checksums: bool = True,
-               dataloaders: Sequence[Any] | None = None, keep_global_batch: bool = True) -> Resumed:
+               dataloaders: Sequence[Any] | None = None, keep_global_batch: bool = True,
+               load_models: bool = True) -> Resumed:
         """Collective: "resume from ``folder``". It is verified once, then the engine's whole state is restored from
         it, or, from a checkpoint of weights only (``save_only_model``), ``model``'s weights; the JSON files named
         in ``read`` (the caller's own: ``trainer_state.json``) are returned. Nothing is changed when it is damaged
-        or does not fit."""
+        or does not fit. ``load_models=False``: the weights are left to the caller (the Trainer's
+        ``_load_from_checkpoint`` hook), everything else is restored."""
         self.flush()  # a save still in flight is finished (and visible) before anything is read
         reading = self.open(folder, checksums=verify_checksums)
         engine_state = reading.storage.exists(reading.path(STATE_FILE))
         if engine_state:
-            self._load_engine_state(reading, folder, dataloaders=dataloaders, keep_global_batch=keep_global_batch)
-        elif model is not None:
+            self._load_engine_state(reading, folder, dataloaders=dataloaders, keep_global_batch=keep_global_batch,
+                                    load_models=load_models)
+        elif model is not None and load_models:
             from .model_state import prepare_model_load
 
             prepare_model_load(self._accelerator.strategy, model, reading, 0).apply()

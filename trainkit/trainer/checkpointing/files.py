@@ -6,10 +6,10 @@ engine's, so every file is written once::
     checkpoint-N/
       model.safetensors | pytorch_model_fsdp_0/   weights: full on rank 0 (from_pretrained-able with config.json)
                                                   or, for FSDP's SHARDED_STATE_DICT, DCP shards (trainkit merge-weights)
-      config.json, tokenizer files               transformers objects, when the model and processing class have them
+      config.json, tokenizer files, training_args.json   written by Trainer.save_model -> _save (transformers' hooks)
       optimizer*, scheduler/custom_checkpoint_*, dataloaders.json, scaler.json, random_states_*.json,
       accelerator_state.json                     the engine's state (absent with save_only_model)
-      training_args.json, trainer_state.json
+      trainer_state.json                         with the TrainerControl and stateful callbacks' states
       manifest.json                              written last, after every rank confirmed its writes
 
 The folder is staged under a hidden name and renamed into place once complete, so a process killed
@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from trainkit.engine.checkpoint import TRAINER_CONVENTION, latest_checkpoint_in, list_checkpoints
 from trainkit.engine.data import PreparedDataLoader
+
+from ..callbacks import exported_states
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from trainkit.engine.checkpoint import StagedCheckpoint
@@ -106,11 +108,17 @@ def save_checkpoint(trainer: Trainer, folder: str, after_commit: Callable[[str],
             staged.write_model(prepared_model(trainer))
         else:
             staged.write_engine_state(dataloaders=loaders)
-        if staged.writes_shared:
-            with staged.local_folder() as local:
-                save_model_companions(trainer, local)
+        # transformers' hooks: save_model -> _save add the config, processing class and arguments (the weights are
+        # the engine's, written above); every process calls them (save_model ends in a barrier), the process that
+        # writes the checkpoint's shared files writes them, into a local folder the checkpoint takes in.
+        with staged.local_folder() as local:
+            trainer._engine_saved_weights_to = local
+            try:
+                trainer.save_model(local, _internal_call=True)
+            finally:
+                trainer._engine_saved_weights_to = None
+            if staged.writes_shared:
                 trainer.state.save_to_json(os.path.join(local, TRAINER_STATE_NAME))
-            staged.write_text(TRAINING_ARGS_NAME, args.to_json_string())
 
     return trainer.accelerator.checkpointer.save(folder, write_files, metadata=metadata, replace=True,
                                                  set_aside_damaged=True, after_commit=after_commit,
@@ -122,25 +130,14 @@ def prepared_model(trainer: Trainer) -> Any:
     return getattr(trainer.model_wrapped, "_orig_mod", trainer.model_wrapped)
 
 
-def save_model_companions(trainer: Trainer, folder: str) -> None:
-    """Main process: ``config.json``, the generation config and the tokenizer, when the objects have them."""
-    unwrapped = trainer.accelerator.unwrap_model(trainer.model_wrapped)
-    config = getattr(unwrapped, "config", None)
+def save_model_config(model: Any, folder: str) -> None:
+    """Main process: the model's ``config.json`` and generation config, when it has them."""
+    config = getattr(model, "config", None)
     if hasattr(config, "save_pretrained"):
         config.save_pretrained(folder)
-    generation_config = getattr(unwrapped, "generation_config", None)
-    if hasattr(generation_config, "save_pretrained") and getattr(unwrapped, "can_generate", lambda: False)():
+    generation_config = getattr(model, "generation_config", None)
+    if hasattr(generation_config, "save_pretrained") and getattr(model, "can_generate", lambda: False)():
         generation_config.save_pretrained(folder)
-    if hasattr(trainer.processing_class, "save_pretrained"):
-        trainer.processing_class.save_pretrained(folder)
-
-
-def save_model_files(trainer: Trainer, folder: str) -> None:
-    """Collective: full weights as safetensors (sharded above 10GB), plus config and tokenizer (``Trainer.save_model``)."""
-    accelerator = trainer.accelerator
-    accelerator.save_model(trainer.model_wrapped, folder)
-    if accelerator.is_main_process:
-        save_model_companions(trainer, folder)
 
 
 def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, *, only_if_best: bool = True,
@@ -156,17 +153,14 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
     folder = checkpoint_folder(root, state.global_step)
     if is_best:
         state.best_model_checkpoint = folder
-    state.stateful_callbacks = {type(cb).__name__: cb.state() for cb in trainer.callback_handler.callbacks
-                                if callable(getattr(cb, "state", None))}
+    state.stateful_callbacks = exported_states(trainer._stateful_callbacks())  # transformers' JSON shape
     protected = [state.best_model_checkpoint, resumed_from]  # as of this save, even if rotation runs later
-    step, hub, checkpointer = state.global_step, trainer.hub, trainer.accelerator.checkpointer
+    checkpointer = trainer.accelerator.checkpointer
 
     def rotate_and_upload(committed: str) -> None:  # on the process that wrote the shared files (of each node)
         checkpointer.rotate(root, args.save_total_limit, protected=protected, prefix=PREFIX)
-        if hub is not None and args.hub_strategy != "end" and trainer.accelerator.is_main_process:
-            in_repo = os.path.basename(committed) if args.hub_strategy in ("checkpoint", "all_checkpoints") else None
-            ignored = None if args.hub_strategy == "all_checkpoints" else list(TRAINING_STATE_PATTERNS)
-            hub.upload(committed, f"Training in progress, step {step}", path_in_repo=in_repo, ignore_patterns=ignored)
+        if args.push_to_hub and trainer.accelerator.is_main_process:
+            trainer._push_from_checkpoint(committed)
 
     saved = save_checkpoint(trainer, folder, after_commit=rotate_and_upload, synchronous=synchronous)
     if saved is not None and (checkpointer.background_writer() is None or synchronous):
@@ -180,10 +174,34 @@ def finish_background_save(trainer: Trainer) -> None:
 
 
 # -- loading weights ------------------------------------------------------------------------------
-def load_model_weights(trainer: Trainer, folder: str, checksums: bool = True) -> None:
-    """Collective: verify ``folder`` and load its model weights (full or sharded) into the prepared model.
+def load_model_weights(trainer: Trainer, folder: str, checksums: bool = True, model: Any = None) -> None:
+    """Collective: verify ``folder`` and load its model weights (full or sharded) into ``model`` (default: the
+    prepared model; before ``prepare``, the plain one).
 
     Keys are checked before anything is copied: a checkpoint of another model names its missing,
     unexpected and mis-shaped keys and leaves the model untouched.
     """
-    trainer.accelerator.checkpointer.load_model(prepared_model(trainer), folder, 0, checksums=checksums)
+    target = prepared_model(trainer) if model is None else model
+    checkpointer = trainer.accelerator.checkpointer
+    local = checkpointer.storage_for(folder).local_path(folder)
+    unwrapped = trainer.accelerator.unwrap_model(target)
+    if local is not None and _has_its_own_loader(unwrapped, os.path.join(local, MODEL_WEIGHTS_NAME)):
+        checkpointer.open(folder, checksums=checksums)  # verified first
+        from safetensors.torch import load_file
+
+        unwrapped.load_state_dict(load_file(os.path.join(local, MODEL_WEIGHTS_NAME)))
+    else:
+        checkpointer.load_model(target, folder, 0, checksums=checksums)
+
+
+def _has_its_own_loader(model: Any, full_weights: str) -> bool:
+    """Whether ``model``'s class overrides ``load_state_dict`` (e.g. to resize a buffer to the saved shape) and the
+    checkpoint holds its full weights in one file: it then gets them through that method, as transformers' Trainer
+    loads them (strict: a mismatch still fails, naming the keys). Sharded models and checkpoints take the engine's
+    path."""
+    from torch import nn
+    from torch.distributed.tensor import DTensor
+
+    if type(model).load_state_dict is nn.Module.load_state_dict or not os.path.isfile(full_weights):
+        return False
+    return not any(isinstance(tensor, DTensor) for tensor in model.state_dict().values())

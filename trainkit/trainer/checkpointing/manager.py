@@ -11,8 +11,10 @@ object-store URL, default ``output_dir``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from trainkit.engine.checkpoint import (
@@ -29,6 +31,17 @@ if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer
     from .protocol import CheckpointedTrainer as Trainer
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _named_resume_errors() -> Iterator[None]:
+    """A damaged or incomplete checkpoint, raised on every rank before anything was loaded, says how to resume."""
+    try:
+        yield
+    except (CorruptedCheckpointError, IncompleteCheckpointError) as error:
+        # A script that passes transformers' get_last_checkpoint() names the newest folder by number, sound or not.
+        raise type(error)(f"{error} train(resume_from_checkpoint=True) resumes from the newest checkpoint in "
+                          "output_dir that verifies.") from None
 
 
 class CheckpointManager:
@@ -85,18 +98,20 @@ class CheckpointManager:
         self._verified = folder if requested is None else None  # chosen automatically: checksummed already
         return folder
 
+    def load_weights(self, folder: str, model: Any = None) -> None:
+        """Collective: verify ``folder`` (checksums, unless it was just verified) and load its weights into
+        ``model`` (default: the prepared model)."""
+        with _named_resume_errors():
+            checkpoints.load_model_weights(self.trainer, folder, checksums=folder != self._verified, model=model)
+        self._verified = folder
+
     def resume(self, folder: str, train_dataloader: Any, steps_per_epoch: int | None) -> resume.ResumePoint:
-        """Collective: load ``folder`` (weights, optimizer, schedule, RNG, data position, trainer state); return
-        where the loop picks up."""
-        try:
-            # A folder the automatic choice just checksummed is loaded with size checks only (hashed once).
+        """Collective: load ``folder``'s engine state (optimizer, schedule, RNG, data position); return where the
+        loop picks up (the trainer state and the weights are loaded by the Trainer's hooks)."""
+        with _named_resume_errors():
+            # A folder verified moments ago (chosen automatically, or by load_weights) is checked by size only.
             point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch,
                                            verify_checksums=folder != self._verified)
-        except (CorruptedCheckpointError, IncompleteCheckpointError) as error:
-            # Raised on every rank before anything was loaded. A script that passes transformers'
-            # get_last_checkpoint() names the newest folder by number, sound or not.
-            raise type(error)(f"{error} train(resume_from_checkpoint=True) resumes from the newest checkpoint in "
-                              "output_dir that verifies.") from None
         self._resumed_from = folder
         return point
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from trainkit.engine.checkpoint import BatchShape, keep_global_batch
 from trainkit.engine.data import PreparedDataLoader
 
-from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, prepared_model, training_loaders
+from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, training_loaders
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import CheckpointedTrainer as Trainer
@@ -42,32 +42,29 @@ START = ResumePoint(0, 0)
 
 def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_per_epoch: int | None, *,
                     verify_checksums: bool = True) -> ResumePoint:
-    """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state): the
-    checkpointer is asked once to resume from it. ``verify_checksums=False``: sizes only, for a folder the caller
-    has just verified."""
-    from ..callbacks import TrainerState
-
+    """Collective: load the engine's state of ``folder`` (optimizer, schedule, random states, data position; not
+    the weights, which ``Trainer._load_from_checkpoint`` loads, as in transformers) into the prepared objects: the
+    checkpointer is asked once to resume from it. Returns where the loop picks up in its first epoch.
+    ``trainer.state`` is the checkpoint's already (``_init_training_state``). ``verify_checksums=False``: sizes only,
+    for a folder the caller has just verified."""
     accelerator = trainer.accelerator
     if accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
     # Verified first; nothing is half-loaded. The Trainer owns the accumulation (keep_global_batch_on_resume).
-    resumed = accelerator.checkpointer.resume(folder, model=prepared_model(trainer), read=[TRAINER_STATE_NAME],
-                                              dataloaders=training_loaders(train_dataloader),
-                                              verify_checksums=verify_checksums, keep_global_batch=False)
+    resumed = accelerator.checkpointer.resume(folder, dataloaders=training_loaders(train_dataloader),
+                                              verify_checksums=verify_checksums, keep_global_batch=False,
+                                              load_models=False)  # the weights: the Trainer's _load_from_checkpoint
     position_restored = (resumed.engine_state and isinstance(train_dataloader, PreparedDataLoader)
                          and train_dataloader.resume_mid_epoch)
     if not resumed.engine_state and accelerator.is_main_process:
         logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
                        "states start afresh, so the run will not continue exactly.", folder)
-    loaded = _trainer_state(TrainerState, resumed.files[TRAINER_STATE_NAME] or {})
-    _warn_about_changed_plan(trainer, loaded, folder)
-    _adopt_state(trainer, loaded)
-
     if trainer.args.ignore_data_skip:  # transformers' meaning: the current epoch starts again from its first batch
         if position_restored:
             train_dataloader.progress.move_to(train_dataloader.progress.epoch)
         return START
-    steps_done = loaded.global_step % steps_per_epoch if steps_per_epoch else 0
+    global_step = trainer.state.global_step
+    steps_done = global_step % steps_per_epoch if steps_per_epoch else 0
     if position_restored or not steps_per_epoch:
         return ResumePoint(steps_done, 0)  # the loader continues at its next sample by itself
     return ResumePoint(steps_done, steps_done * accelerator.config.gradient_accumulation_steps)
@@ -92,14 +89,20 @@ def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader:
         logger.warning("trainkit: %s", rescale.describe(previous, accelerator.num_processes))
 
 
-def _trainer_state(state_class: Any, data: dict[str, Any]) -> Any:
-    """The TrainerState of a checkpoint's ``trainer_state.json`` (read through the checkpoint's storage; as
-    ``TrainerState.load_from_json`` reads a local file, unknown keys left out)."""
-    known = {field.name for field in dataclasses.fields(state_class)}
+def load_trainer_state(trainer: Trainer, folder: str) -> Any:
+    """The TrainerState of ``folder``'s ``trainer_state.json``, read where the checkpoint is stored (a folder or an
+    object store); unknown keys are left out, as ``TrainerState.load_from_json`` (which reads a local file) would
+    fail on them."""
+    from ..callbacks import TrainerState
+
+    data = trainer.accelerator.checkpointer.read_json(folder, TRAINER_STATE_NAME)
+    if data is None:
+        raise FileNotFoundError(f"{folder} has no {TRAINER_STATE_NAME}: it is not a Trainer checkpoint.")
+    known = {field.name for field in dataclasses.fields(TrainerState)}
     ignored = sorted(set(data) - known)
     if ignored:
-        logger.info("trainer_state.json: ignoring keys %s", ignored)
-    return state_class(**{key: value for key, value in data.items() if key in known})
+        logger.info("%s: ignoring keys %s", TRAINER_STATE_NAME, ignored)
+    return TrainerState(**{key: value for key, value in data.items() if key in known})
 
 
 def saved_train_batch_size(trainer: Trainer, folder: str) -> int | None:
@@ -109,7 +112,7 @@ def saved_train_batch_size(trainer: Trainer, folder: str) -> int | None:
     return None if state is None else state.get("train_batch_size")
 
 
-def _warn_about_changed_plan(trainer: Trainer, loaded: Any, folder: str) -> None:
+def warn_about_changed_plan(trainer: Trainer, loaded: Any, folder: str) -> None:
     """One warning listing the intervals and batch size that differ from the checkpoint's (the run keeps its own)."""
     pairs = [(name, getattr(trainer.state, name), getattr(loaded, name)) for name in ("logging_steps", "eval_steps", "save_steps")]
     pairs.append(("per_device_train_batch_size", trainer.state.train_batch_size, loaded.train_batch_size))
@@ -120,16 +123,9 @@ def _warn_about_changed_plan(trainer: Trainer, loaded: Any, folder: str) -> None
                        folder, "\n  ".join(changed))
 
 
-def _adopt_state(trainer: Trainer, loaded: Any) -> None:
+def adopt_state(trainer: Trainer, loaded: Any) -> None:
     """Take the checkpoint's TrainerState, keeping what describes this run (its plan, its process)."""
     for name in ("max_steps", "num_train_epochs", "train_batch_size", "logging_steps", "eval_steps", "save_steps",
                  "is_local_process_zero", "is_world_process_zero"):
         setattr(loaded, name, getattr(trainer.state, name))
     trainer.state = loaded
-    if not trainer.args.restore_callback_states_from_checkpoint:
-        return  # transformers' default: callbacks keep the state they were created with
-    for callback in trainer.callback_handler.callbacks:
-        saved = loaded.stateful_callbacks.get(type(callback).__name__)
-        if isinstance(saved, dict):
-            for key, value in saved.get("attributes", {}).items():
-                setattr(callback, key, value)
