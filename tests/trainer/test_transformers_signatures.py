@@ -102,6 +102,8 @@ ALLOWED: dict[str, Allowed] = {
     "TrainingArguments.__init__(async_save)": Allowed("trainkit's field: checkpoints written in the background "
                                                       "(docs/checkpoints.md)"),
     "TrainingArguments.__init__(async_save_when_busy)": Allowed("trainkit's field, with async_save"),
+    "TrainingArguments.__init__(checkpoint_dir)": Allowed("trainkit's field: where checkpoint-N folders go (a folder "
+                                                          "or an object-store URL; docs/checkpoints.md)"),
     "TrainingArguments.is_torch_greater_or_equal_than_2_8": _absent("a torch version flag of transformers' "
                                                                      "own code, not an argument"),
     "TrainingArguments.set_training(activation_checkpointing)": Allowed(
