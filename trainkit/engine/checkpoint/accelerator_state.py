@@ -115,7 +115,9 @@ def write_state_files(accelerator: Accelerator, directory: str, sharded: bool | 
                        "custom_objects": len(prepared.custom_objects)},
             **layout,
         }, os.path.join(directory, STATE_FILE))
-    state_io.write_json(capture_rng_state(), os.path.join(directory, f"random_states_{accelerator.process_index}.json"))
+    # Per process: the generators, and the tracked loaders' draws of the pass in progress (replayed on resume).
+    rng_state = {**capture_rng_state(), "dataloaders": [loader.random_state() for loader in loaders]}
+    state_io.write_json(rng_state, os.path.join(directory, f"random_states_{accelerator.process_index}.json"))
 
 
 def save_accelerator_state(accelerator: Accelerator, output_dir: str | os.PathLike | None = None, *,
@@ -239,8 +241,11 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
         item.apply()
     for scheduler, state in zip(prepared.schedulers, schedulers):
         scheduler.load_state_dict(state)
-    for loader, state in zip(tracked_loaders, loaders):
+    same_world = int(info["world_size"]) == accelerator.num_processes  # another world size reads other batches
+    for index, (loader, state) in enumerate(zip(tracked_loaders, loaders)):
         loader.load_state_dict(state)
+        passes = rng.get("dataloaders") or []
+        loader.load_random_state(passes[index] if same_world and index < len(passes) else None)
     if scaler:
         accelerator.precision.load_state_dict(scaler)
     for obj, state in zip(prepared.custom_objects, customs):
