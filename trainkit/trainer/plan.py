@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 
@@ -45,3 +46,14 @@ def loader_epoch(dataloader: Any) -> int:
     """The epoch a loader stands in (a restored stream's), where steps per epoch are unknown."""
     progress = getattr(dataloader, "progress", None)
     return progress.epoch if progress is not None else 0
+
+
+def window_sizes(train_dataloader: Any, accumulation_steps: int, plan: TrainingPlan, steps_done: int) -> Iterator[int]:
+    """How many micro-batches each remaining window of an epoch reads (what transformers asks ``get_batch_samples``
+    for): ``accumulation_steps``, the last window of the epoch the rest; unbounded for a stream without a length."""
+    if plan.steps_per_epoch is None:
+        while True:
+            yield accumulation_steps
+    last = len(train_dataloader) % accumulation_steps or accumulation_steps
+    for step in range(steps_done, plan.steps_per_epoch):
+        yield accumulation_steps if step < plan.steps_per_epoch - 1 else last

@@ -9,19 +9,18 @@ and keeps only its weighting policy: each micro-batch's mean loss weighted by it
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from trainkit.engine.step.accumulation import accumulation_windows
-
-from . import hub, wiring
+from . import hub, loss_items, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState)
@@ -34,7 +33,7 @@ from .evaluation import EvalLoopOutput, PredictionOutput, evaluation_loop as run
 from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import optimizer_from_config, scheduler_from_config
 from .optim import build_optimizer, build_scheduler, parameter_groups
-from .plan import TrainingPlan, length_or_none, loader_epoch, training_plan
+from .plan import TrainingPlan, length_or_none, loader_epoch, training_plan, window_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +101,9 @@ class Trainer:
         self.label_names = self.args.label_names or default_label_names(model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
+        self._set_loss_items_policy(model)
+        self.current_gradient_accumulation_steps = 1
+        """Micro-batches in the window being trained (transformers' attribute)."""
         self._num_parameters = flops_parameters(model)
         self._eval_dataloaders: dict[Any, DataLoader] = {}
         self._last_grad_norm: torch.Tensor | None = None
@@ -250,6 +252,13 @@ class Trainer:
         self.callback_handler.model = self.model
         self._model_prepared = True
 
+    def _set_loss_items_policy(self, model: nn.Module) -> None:
+        """transformers' ``model_accepts_loss_kwargs`` and counting rule for ``model`` (see trainer/loss_items.py)."""
+        self.model_accepts_loss_kwargs = loss_items.model_accepts_loss_kwargs(model)
+        self._loss_uses_num_items = loss_items.loss_uses_num_items(model)
+        self._loss_shifts_labels = loss_items.loss_shifts_labels(model)
+        self._window_loss_is_share = False
+
     def _setup_training(self, max_steps: int) -> None:
         # Model first: under FSDP the optimizer must be built over the sharded parameters.
         self._prepare_model()
@@ -313,10 +322,20 @@ class Trainer:
             batches = self._epoch_batches(train_dataloader, epoch, start_at.batches_to_skip if epoch == first_epoch else 0)
             self.control._new_epoch()
             self.control = handler.on_epoch_begin(args, state, self.control)
-            for window in accumulation_windows(batches, self._accumulation_steps):
+            restore_random_states = start_at.restore_random_states if epoch == first_epoch else None
+            if restore_random_states is not None and not start_at.batches_to_skip:
+                restore_random_states()  # a transformers checkpoint: where transformers restores them
+            epoch_iterator = iter(batches)
+            for num_batches in window_sizes(train_dataloader, self._accumulation_steps, plan, steps_in_epoch):
+                window, num_items_in_batch = self.get_batch_samples(epoch_iterator, num_batches, args.device)
+                if not window:
+                    break
+                if restore_random_states is not None and start_at.batches_to_skip:
+                    restore_random_states()  # transformers restores them once the first window is read
+                restore_random_states = None
                 self.control._new_step()
                 self.control = handler.on_step_begin(args, state, self.control)
-                self._train_window(model, window)
+                self._train_window(model, window, num_items_in_batch)
                 self._optimizer_step(model)
                 steps_in_epoch += 1
                 state.global_step += 1
@@ -340,22 +359,40 @@ class Trainer:
             return self.accelerator.skip_first_batches(train_dataloader, skip_batches)
         return train_dataloader
 
-    def _train_window(self, model: nn.Module, window: list[Any]) -> None:
+    def get_batch_samples(self, epoch_iterator: Iterator[Any], num_batches: int,
+                          device: torch.device | None) -> tuple[list[Any], torch.Tensor | None]:
+        """The next ``num_batches`` batches (fewer at the epoch's end) and their loss items on all processes, counted
+        as transformers counts them (``num_items_in_batch``; None when transformers would not count them)."""
+        batch_samples = list(itertools.islice(epoch_iterator, num_batches))
+        return batch_samples, self._get_num_items_in_batch(batch_samples, device)
+
+    def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device | None) -> torch.Tensor | None:
+        """The labels that are not -100 in ``batch_samples`` on all processes, where transformers counts them."""
+        return loss_items.num_items_in_batch(self, batch_samples, device)
+
+    def _train_window(self, model: nn.Module, window: list[Any], num_items_in_batch: torch.Tensor | None = None) -> None:
         """Forward and backward every micro-batch of one window; gradients are exchanged after the last only."""
         accelerator = self.accelerator
-        num_items = sum(self._count_items(inputs) for inputs in window)
-        fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
-        # Every rank's batches have one size: the sample count is the same everywhere, no collective needed.
-        # average_tokens_across_devices=False (transformers' meaning): each process normalises by its own items,
-        # so the gradient is the mean of the processes' mean losses; taken as local items x processes, unsummed.
-        same_everywhere = isinstance(num_items, int) and fixed_batches and accelerator.even_batches
-        num_items = accelerator.open_accumulation_window(
-            len(window), num_items, same_items_on_every_process=same_everywhere or not self.args.average_tokens_across_devices)
+        self.current_gradient_accumulation_steps = len(window)
+        self._window_loss_is_share = loss_items.loss_is_window_share(self, num_items_in_batch)
+        average = self.args.average_tokens_across_devices
+        if self._window_loss_is_share and num_items_in_batch is not None:  # the loss is already the count's share
+            accelerator.open_accumulation_window(len(window), num_items_in_batch, items_are_global=average,
+                                                 same_items_on_every_process=not average)
+        else:
+            num_items = sum(self._count_items(inputs) for inputs in window)
+            fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
+            # Every rank's batches have one size: the sample count is the same everywhere, no collective needed.
+            # average_tokens_across_devices=False (transformers' meaning): each process normalises by its own items,
+            # so the gradient is the mean of the processes' mean losses; taken as local items x processes, unsummed.
+            same_everywhere = isinstance(num_items, int) and fixed_batches and accelerator.even_batches
+            accelerator.open_accumulation_window(len(window), num_items,
+                                                 same_items_on_every_process=same_everywhere or not average)
         token_mode = self.args.include_num_input_tokens_seen
         window_loss = None
         for index, inputs in enumerate(window):
             with accelerator.accumulate(model):
-                step_loss = self.training_step(model, inputs, num_items)
+                step_loss = self.training_step(model, inputs, num_items_in_batch)
             window_loss = step_loss if window_loss is None else window_loss + step_loss
             self.meter.add_micro_batch(samples_in(inputs), tokens_in(inputs, self.main_input_name, token_mode == "non_padding"))
             if index < len(window) - 1:
@@ -365,35 +402,39 @@ class Trainer:
     def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
         """Forward and backward one micro-batch; return its (detached) share of the window's mean loss.
 
-        The weighting policy is transformers': a micro-batch's mean loss weighted by its share of the window's
-        items on all processes (or divided by the accumulation steps when items are not counted). The engine's
-        ``backward`` turns that share into gradients of the window's loss, whatever the strategy's reduction.
+        A loss the model (or ``compute_loss_func``) divided by ``num_items_in_batch`` is already its share, as in
+        transformers; a micro-batch's own mean is weighted by its share of the window's items on all processes
+        (see trainer/loss_items.py). The engine's ``backward`` turns that share into gradients of the window's
+        loss, whatever the strategy's reduction.
         """
         loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
-        scaled_for_window = self.loss_is_scaled_for_ga
-        if scaled_for_window is None:
-            scaled_for_window = self.compute_loss_func is not None
-        if not scaled_for_window:
-            if num_items_in_batch is None:
-                loss = loss / self._accumulation_steps
-            else:
-                # A mean over this micro-batch's items, weighted by its share of the window's items on all processes.
-                loss = loss * (self._count_items(inputs) / num_items_in_batch)
+        window_items = self.accelerator.gradient_state.window_items
+        if self._window_loss_is_share:
+            if num_items_in_batch is not None and window_items is not None:  # x1 unless each process counted its own
+                loss = loss * (num_items_in_batch / window_items)
+        elif window_items is None:
+            loss = loss / self.current_gradient_accumulation_steps
+        else:
+            # A mean over this micro-batch's items, weighted by its share of the window's items on all processes.
+            loss = loss * (self._count_items(inputs) / window_items)
         self.accelerator.backward(loss)
         return loss.detach()
 
     def compute_loss(self, model: nn.Module, inputs: Any, return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | int | None = None):
         """The micro-batch's loss: the model's own, or ``compute_loss_func(outputs, labels, num_items_in_batch=...)``."""
+        # The count goes to a model that takes loss keyword arguments, as transformers hands it over.
+        passed = {"num_items_in_batch": num_items_in_batch} if (
+            num_items_in_batch is not None and self.model_accepts_loss_kwargs) else {}
         if self.compute_loss_func is not None and isinstance(inputs, Mapping):
             label_name = self.label_names[0]
             labels = inputs.get(label_name)
-            outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name})
+            outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **passed)
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
         elif self.args.label_smoothing_factor and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
-            loss, outputs = wiring.label_smoothed_loss(self, model, inputs)
+            loss, outputs = wiring.label_smoothed_loss(self, model, inputs, num_items_in_batch, passed)
         else:
-            outputs = call_model(model, inputs)
+            outputs = call_model(model, inputs, **passed)
             loss = loss_from_outputs(outputs)
         return (loss, outputs) if return_outputs else loss
 
@@ -548,7 +589,8 @@ class Trainer:
             labels = labels[0] if len(labels) == 1 else labels
         with torch.no_grad():
             if has_labels:
-                loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+                num_items = loss_items.evaluation_items(self, inputs)  # transformers >= 5.18 counts them here too
+                loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items)
                 _, predictions = split_loss(outputs, ignore_keys)
             else:
                 loss, predictions = split_loss(call_model(model, inputs), ignore_keys)

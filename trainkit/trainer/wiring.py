@@ -143,9 +143,11 @@ def _enable_activation_checkpointing(model: nn.Module, kwargs: dict[str, Any]) -
     method(**call)
 
 
-def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any]) -> tuple[torch.Tensor, Any]:
+def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any], num_items_in_batch: Any = None,
+                        model_kwargs: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, Any]:
     """(loss, outputs) with transformers' LabelSmoother: labels are withheld from the model, and shifted by one
-    for causal language models, as transformers does."""
+    for causal language models, as transformers does; the smoother divides by ``num_items_in_batch`` where the
+    installed release's takes it (5.17 and later)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.trainer_pt_utils import LabelSmoother
 
@@ -153,10 +155,12 @@ def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any
 
     label_name = trainer.label_names[0]
     labels = inputs[label_name]
-    outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name})
+    outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **(model_kwargs or {}))
     unwrapped = trainer.accelerator.unwrap_model(model)
     causal = unwrapped._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if hasattr(unwrapped, "_get_name") else False
     smoother = LabelSmoother(epsilon=trainer.args.label_smoothing_factor)
+    if num_items_in_batch is not None and "num_items_in_batch" in inspect.signature(smoother.__call__).parameters:
+        return smoother(outputs, labels, shift_labels=causal, num_items_in_batch=num_items_in_batch), outputs
     return smoother(outputs, labels, shift_labels=causal), outputs
 
 

@@ -245,6 +245,8 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
             self._set_seed(int(state["seed"]))
         if self.synced_generator is not None:
             self.synced_generator.load_state_dict(state)
+            reseeded = self.synced_generator.reseeded_each_pass
+            self.pass_draws.reseeded_sampler = self.synced_generator.generator if reseeded else None
         if self.is_stream:
             if "stream" not in state:
                 raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
@@ -510,7 +512,7 @@ def _shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int,
                 sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
             else:
                 reseeded = sampler.generator
-        return batch_sampler, SyncedGenerator(sampler.generator, num_processes), reseeded
+        return batch_sampler, SyncedGenerator(sampler.generator, num_processes, reseeded is not None), reseeded
     seedable = SeedableRandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples,
                                      generator=sampler.generator if sampler.generator is not None else torch.Generator(),
                                      data_seed=seed)

@@ -1,0 +1,141 @@
+"""The items a window's loss is a mean over (``num_items_in_batch``), counted and handed to the model as transformers does.
+
+transformers counts a window's loss items when its batches have ``labels`` and the model takes loss keyword
+arguments (``accepts_loss_kwargs``, else a ``**kwargs`` forward) or a ``compute_loss_func`` is given: the labels
+that are not -100, over the window's micro-batches, summed over all processes with ``average_tokens_across_devices``.
+From transformers 5.10 the count of a model whose loss is the causal-LM loss (its ``loss_type`` maps to
+``ForCausalLMLoss``; encoder-decoders excepted) leaves out each row's first label, which that loss never predicts
+(a ``shift_labels`` entry is counted as it is); 5.1 to 5.9 count every label, so the loss reads (L-1)/L of the mean
+over predicted tokens. The count goes to the model, whose loss (transformers' loss functions) is then the window's
+sum over it; from 5.18 evaluation batches are counted and passed the same way.
+
+The Trainer counts and passes exactly that, so a model whose loss divides by the count gives transformers' numbers
+to the bit. A model that takes ``**kwargs`` but never looks at the count (BERT's heads compute their own mean) gets
+it too, and the Trainer weights its mean by its share of the window's items, where transformers would take that
+mean as already scaled: multiplied by the accumulation steps and the processes (see :func:`loss_uses_num_items`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+SHIFTED_CAUSAL_COUNT_SINCE = (5, 10)
+"""The first transformers release whose count leaves out each causal-LM row's first label."""
+EVALUATION_COUNT_SINCE = (5, 18)
+"""The first transformers release that counts evaluation batches and passes the count to the model."""
+
+
+def transformers_release() -> tuple[int, int]:
+    """The installed transformers' (major, minor)."""
+    import transformers
+    from packaging.version import Version
+
+    release = Version(transformers.__version__).release
+    return release[0], release[1] if len(release) > 1 else 0
+
+
+def _peeled(model: nn.Module) -> nn.Module:
+    """The model under a PEFT wrapper (transformers inspects the base model's class)."""
+    base = getattr(model, "base_model", None)
+    inner = getattr(base, "model", None)
+    return inner if isinstance(inner, nn.Module) and type(model).__name__.startswith("Peft") else model
+
+
+def model_accepts_loss_kwargs(model: nn.Module) -> bool:
+    """transformers' rule: the model's ``accepts_loss_kwargs`` attribute, else whether its forward takes ``**kwargs``."""
+    explicit = getattr(model, "accepts_loss_kwargs", None)
+    if explicit is not None:
+        return bool(explicit)
+    parameters = inspect.signature(model.forward).parameters.values()
+    return any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters)
+
+
+def loss_uses_num_items(model: nn.Module) -> bool:
+    """Whether the model's loss divides by ``num_items_in_batch`` (so it is already the window's share).
+
+    An explicit ``accepts_loss_kwargs`` says so; otherwise the forward must take ``**kwargs`` and hand them to
+    transformers' ``loss_function`` or read ``num_items_in_batch`` itself. BERT's heads (5.24) take ``**kwargs``
+    but compute their own mean with ``CrossEntropyLoss``: their mean is weighted by the Trainer instead.
+    """
+    model = _peeled(model)
+    explicit = getattr(model, "accepts_loss_kwargs", None)
+    if explicit is not None:
+        return bool(explicit)
+    if not model_accepts_loss_kwargs(model):
+        return False
+    try:
+        source = inspect.getsource(type(model).forward)
+    except (OSError, TypeError):  # no source to read (built at run time): trust the signature, as transformers does
+        return True
+    return "loss_function" in source or "num_items_in_batch" in source
+
+
+def loss_shifts_labels(model: nn.Module) -> bool:
+    """Whether transformers leaves each row's first label out of the count (see the module doc)."""
+    if transformers_release() < SHIFTED_CAUSAL_COUNT_SINCE:
+        return False
+    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+
+    model = _peeled(model)
+    causal = LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss
+    return causal and not getattr(getattr(model, "config", None), "is_encoder_decoder", False)
+
+
+def count_label_items(batches: Sequence[Any], shifts_labels: bool) -> torch.Tensor | None:
+    """The labels that are not -100 in ``batches`` (transformers' count), or None when they cannot be counted."""
+    if not batches or not isinstance(batches[0], Mapping) or "labels" not in batches[0]:
+        return None
+    try:
+        counts = [batch["shift_labels"] if "shift_labels" in batch
+                  else batch["labels"][..., 1:] if shifts_labels else batch["labels"] for batch in batches]
+        return sum(labels.ne(-100).sum() for labels in counts)  # type: ignore[return-value]
+    except (TypeError, AttributeError):
+        return None
+
+
+def num_items_in_batch(trainer: Any, batch_samples: Sequence[Any], device: torch.device | None) -> torch.Tensor | None:
+    """A window's ``num_items_in_batch`` as transformers' Trainer computes it (see the module doc): None unless the
+    model takes loss keyword arguments or a ``compute_loss_func`` is given; summed over the data-parallel processes
+    with ``average_tokens_across_devices``."""
+    if not (trainer.model_accepts_loss_kwargs or trainer.compute_loss_func is not None):
+        return None
+    count = count_label_items(batch_samples, trainer._loss_shifts_labels)
+    if count is None:
+        return None
+    accelerator = trainer.accelerator
+    count = count.to(accelerator.device)
+    if trainer.args.average_tokens_across_devices and accelerator.num_processes > 1:
+        count = accelerator.reduce(count, reduction="sum")
+        copies = accelerator.num_processes // accelerator.strategy.data_parallel_size
+        if copies > 1:  # tensor-parallel ranks read the same batch: transformers divides by their number
+            count = count / copies
+    return count.to(device) if device is not None else count
+
+
+def evaluation_items(trainer: Any, inputs: Any) -> torch.Tensor | None:
+    """An evaluation batch's count, which transformers passes to the model from 5.18 (None before)."""
+    if transformers_release() < EVALUATION_COUNT_SINCE:
+        return None
+    return num_items_in_batch(trainer, [inputs], trainer.args.device)
+
+
+def loss_is_window_share(trainer: Any, count: torch.Tensor | None) -> bool:
+    """Whether the window's losses come divided by ``count`` (the Trainer then leaves them as they are): the
+    Trainer's ``loss_is_scaled_for_ga`` when set, else with a ``compute_loss_func``, a label smoother that takes the
+    count, or a model whose loss uses it (:func:`loss_uses_num_items`)."""
+    if trainer.loss_is_scaled_for_ga is not None:
+        return bool(trainer.loss_is_scaled_for_ga)
+    if trainer.compute_loss_func is not None:
+        return True
+    if count is None:
+        return False
+    if trainer.args.label_smoothing_factor:
+        from transformers.trainer_pt_utils import LabelSmoother
+
+        return "num_items_in_batch" in inspect.signature(LabelSmoother.__call__).parameters
+    return bool(trainer._loss_uses_num_items)
