@@ -139,3 +139,15 @@ def loss_is_window_share(trainer: Any, count: torch.Tensor | None) -> bool:
 
         return "num_items_in_batch" in inspect.signature(LabelSmoother.__call__).parameters
     return bool(trainer._loss_uses_num_items)
+
+
+def evaluation_loss(trainer: Any, loss: torch.Tensor, count: torch.Tensor | None) -> torch.Tensor:
+    """An evaluation batch's loss as this process's mean: a loss divided by a count over all processes is multiplied
+    by their number (transformers' ``compute_loss``), so that the evaluation loop's mean over processes is the
+    batch's mean."""
+    accelerator = trainer.accelerator
+    processes = accelerator.strategy.data_parallel_size
+    if (count is None or processes == 1 or not trainer.args.average_tokens_across_devices
+            or not loss_is_window_share(trainer, count)):
+        return loss
+    return loss * processes

@@ -591,6 +591,7 @@ class Trainer:
             if has_labels:
                 num_items = loss_items.evaluation_items(self, inputs)  # transformers >= 5.18 counts them here too
                 loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items)
+                loss = loss_items.evaluation_loss(self, loss, num_items)
                 _, predictions = split_loss(outputs, ignore_keys)
             else:
                 loss, predictions = split_loss(call_model(model, inputs), ignore_keys)
