@@ -179,6 +179,8 @@ class Trainer:
         if sampler is None and not iterable:
             sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
         workers = args.dataloader_num_workers
+        # transformers seeds a training loader's workers from the pass's base seed and the rank (seed_worker).
+        worker_init_fn = wiring.training_worker_init(args) if shuffle and not iterable else None
         wanted = args.remove_unused_columns and accepted_columns(self.model, self.label_names)
         collate_fn = collator_dropping_unknown_columns(self.data_collator, dataset, wanted, description)
         loader = DataLoader(
@@ -187,6 +189,7 @@ class Trainer:
             persistent_workers=args.dataloader_persistent_workers if workers else False,
             prefetch_factor=args.dataloader_prefetch_factor if workers else None,
             multiprocessing_context=args.dataloader_multiprocessing_context, in_order=args.dataloader_in_order,
+            worker_init_fn=worker_init_fn,
         )
         return self.accelerator.prepare(loader)
 
@@ -196,7 +199,17 @@ class Trainer:
             raise ValueError("Trainer.train() needs a train_dataset.")
         dataset = self._prepare_dataset(self.train_dataset, "training")
         return self._dataloader(dataset, self.args.per_device_train_batch_size, True, self.args.dataloader_drop_last,
-                                sampler=wiring.train_sampler(self, dataset), description="training")
+                                sampler=self._get_train_sampler(dataset), description="training")
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
+        """The order ``train_sampling_strategy`` names for ``train_dataset`` (default: the Trainer's), or None for a
+        dataset without a length (read in its own order); the engine shards it across processes."""
+        return wiring.train_sampler(self, self.train_dataset if train_dataset is None else train_dataset)
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
+        """The order of an evaluation or prediction set: sequential (length-grouped under ``group_by_length``, as
+        transformers), or None for a dataset without a length."""
+        return wiring.eval_sampler(self, eval_dataset)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         """The evaluation DataLoader (in order, nothing dropped), built once per dataset."""
@@ -207,13 +220,15 @@ class Trainer:
         if key not in self._eval_dataloaders:
             prepared = self._prepare_dataset(dataset, "evaluation")
             self._eval_dataloaders[key] = self._dataloader(
-                prepared, self.args.per_device_eval_batch_size, False, False, description="evaluation")
+                prepared, self.args.per_device_eval_batch_size, False, False, sampler=self._get_eval_sampler(prepared),
+                description="evaluation")
         return self._eval_dataloaders[key]
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """The prediction DataLoader for ``test_dataset`` (in order, nothing dropped)."""
         dataset = self._prepare_dataset(test_dataset, "prediction")
-        return self._dataloader(dataset, self.args.per_device_eval_batch_size, False, False, description="prediction")
+        return self._dataloader(dataset, self.args.per_device_eval_batch_size, False, False,
+                                sampler=self._get_eval_sampler(dataset), description="prediction")
 
     # ------------------------------------------------------------------ optimizer and schedule
 

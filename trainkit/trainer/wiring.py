@@ -9,6 +9,7 @@ NEFTune, Liger, ``debug``), ``label_smoothed_loss``, ``seed_run`` (``full_determ
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -37,8 +38,9 @@ def engine_options(args: Any) -> dict[str, Any]:
         handlers.append(DistributedDataParallelKwargs(**chosen))
     # The Trainer resumes at the exact next batch: its loader's position is restored, never replayed.
     # transformers' Trainer shuffles with the seedable sampler (its accelerator_config default), from data_seed.
-    data_config = DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed,
-                                          use_stateful_dataloader=True, use_seedable_sampler=True)
+    # data_seed None: the engine takes torch's initial seed, what the Trainer's set_seed(seed) left (Accelerate's rule).
+    data_config = DataLoaderConfiguration(data_seed=args.data_seed, use_stateful_dataloader=True,
+                                          use_seedable_sampler=True)
     for key, value in args.accelerator_config.items():
         if key == "use_configured_state":
             continue  # trainkit always reuses the process's existing state: what True asks for
@@ -48,31 +50,63 @@ def engine_options(args: Any) -> dict[str, Any]:
     return {"kwargs_handlers": handlers, "dataloader_config": data_config}
 
 
-class LengthGroupedEpochSampler(torch.utils.data.Sampler):
-    """transformers' length-grouped order (megabatches sorted by length, longest batch first), reshuffled per
-    epoch from ``seed + epoch`` so every rank draws the same order and a resume repeats it."""
+class LengthGroupedPassSampler(torch.utils.data.Sampler):
+    """transformers' length-grouped order (megabatches sorted by length, the longest batch first), drawn at each pass's
+    start from torch's global generator as transformers' ``LengthGroupedSampler`` draws it, so the order and the random
+    stream are transformers'. A prepared loader calls :meth:`draw_pass_order` when the pass starts (and replays it on
+    resume: trainkit/engine/data/pass_draws.py); every process takes the main process's order. With ``seed`` (an
+    evaluation order) every pass draws from a generator seeded with it instead: the same order each time."""
 
     def __init__(self, batch_size: int, dataset: Any, lengths: list[int] | None, model_input_name: str | None,
-                 seed: int) -> None:
+                 seed: int | None = None) -> None:
         from transformers.trainer_pt_utils import LengthGroupedSampler
 
-        self._grouped = LengthGroupedSampler(batch_size, dataset=dataset, lengths=lengths, model_input_name=model_input_name)
-        self.seed, self.epoch = seed, 0
+        grouped = LengthGroupedSampler(batch_size, dataset=dataset, lengths=lengths, model_input_name=model_input_name)
+        self.lengths, self.batch_size, self.seed = grouped.lengths, grouped.batch_size, seed
+        self._order: list[int] | None = None
 
-    def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` next (the engine calls this at each epoch's start)."""
-        self.epoch = epoch
+    def draw_pass_order(self, generator: torch.Generator) -> None:
+        """Draw the next pass's order from ``generator`` (every process draws; the main process's order is kept)."""
+        from transformers.trainer_pt_utils import get_length_grouped_indices
+
+        from trainkit.utils import broadcast_object_list
+
+        if self.seed is not None:
+            generator = torch.Generator().manual_seed(self.seed)
+        order = get_length_grouped_indices(self.lengths, self.batch_size, generator=generator)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            order = broadcast_object_list([order])[0]
+        self._order = order
 
     def __len__(self) -> int:
-        return len(self._grouped)
+        return len(self.lengths)
 
     def __iter__(self):
-        self._grouped.generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(self._grouped)
+        if self._order is None:  # iterated outside a prepared loader: draw now, as transformers' sampler does
+            self.draw_pass_order(torch.default_generator)
+        order, self._order = self._order, None
+        return iter(order)
+
+
+def training_worker_init(args: Any) -> Callable[[int], None]:
+    """transformers' worker seeding for training loaders: each worker's seed from the pass's base seed and the rank."""
+    from transformers.trainer_utils import seed_worker
+
+    return functools.partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index)
+
+
+def _lengths_and_input_name(trainer: Any, dataset: Any) -> tuple[Any, str | None]:
+    """The dataset's length column (``length_column_name``) and the processing class's first input name, as
+    transformers reads them for length grouping."""
+    args = trainer.args
+    columns = getattr(dataset, "column_names", None) or []
+    lengths = dataset[args.length_column_name] if args.length_column_name in columns else None
+    input_names = getattr(trainer.processing_class, "model_input_names", None)
+    return lengths, input_names[0] if input_names else None
 
 
 def train_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None:
-    """The sampler ``train_sampling_strategy`` names (None: the default shuffled order)."""
+    """The sampler ``train_sampling_strategy`` names (None for a dataset without a length: its own order)."""
     args = trainer.args
     if not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
         if args.train_sampling_strategy != "random":
@@ -82,13 +116,24 @@ def train_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None
     if args.train_sampling_strategy == "sequential":
         return torch.utils.data.SequentialSampler(dataset)
     if args.train_sampling_strategy != "group_by_length":
+        return torch.utils.data.RandomSampler(dataset)
+    lengths, model_input_name = _lengths_and_input_name(trainer, dataset)
+    # Megabatches of a whole optimizer step's batches, as transformers groups them.
+    megabatch = args.per_device_train_batch_size * trainer.accelerator.config.gradient_accumulation_steps
+    return LengthGroupedPassSampler(megabatch, dataset, lengths, model_input_name)
+
+
+def eval_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None:
+    """The evaluation order: transformers' length-grouped one under ``group_by_length`` (from a generator seeded
+    with ``data_seed``, else ``seed``), else sequential; None for a dataset without a length."""
+    args = trainer.args
+    if dataset is None or not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
         return None
-    columns = getattr(dataset, "column_names", None) or []
-    lengths = dataset[args.length_column_name] if args.length_column_name in columns else None
-    input_names = getattr(trainer.processing_class, "model_input_names", None)
-    model_input_name = input_names[0] if input_names else None
-    seed = args.data_seed if args.data_seed is not None else args.seed
-    return LengthGroupedEpochSampler(args.per_device_train_batch_size, dataset, lengths, model_input_name, seed)
+    if args.train_sampling_strategy == "group_by_length":
+        lengths, model_input_name = _lengths_and_input_name(trainer, dataset)
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        return LengthGroupedPassSampler(args.per_device_eval_batch_size, dataset, lengths, model_input_name, seed)
+    return torch.utils.data.SequentialSampler(dataset)
 
 
 def prepare_model_features(trainer: Any, model: nn.Module) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +33,7 @@ from .device import send_to_device
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
 from .dispatch import dispatched_batches
 from .generator_sync import SyncedGenerator
-from .pass_draws import PassDraws
+from .pass_draws import PassDraws, reseeding
 from .streams import StreamShard, TaggedCollate, agreement_device, stream_batches
 
 logger = logging.getLogger(__name__)
@@ -245,8 +245,8 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
             self._set_seed(int(state["seed"]))
         if self.synced_generator is not None:
             self.synced_generator.load_state_dict(state)
-            reseeded = self.synced_generator.reseeded_each_pass
-            self.pass_draws.reseeded_sampler = self.synced_generator.generator if reseeded else None
+            synced = self.synced_generator
+            self.pass_draws.draw_order = reseeding(synced.generator) if synced.reseeded_each_pass else None
         if self.is_stream:
             if "stream" not in state:
                 raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
@@ -491,9 +491,9 @@ class DataLoaderDispatcher(PreparedDataLoader):
 
 
 def _shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int,
-               num_processes: int) -> tuple[Any, SyncedGenerator | None, torch.Generator | None]:
-    """Make a ``RandomSampler`` inside ``batch_sampler`` give every process the same order; also return the
-    generator a pass must reseed itself (see :class:`.pass_draws.PassDraws`), if any.
+               num_processes: int) -> tuple[Any, SyncedGenerator | None, Callable[[torch.Generator], None] | None]:
+    """Make a ``RandomSampler`` inside ``batch_sampler`` give every process the same order; also return the draw
+    each pass makes for its order from the global generator (see :class:`.pass_draws.PassDraws`), if any.
 
     use_seedable_sampler: it becomes a :class:`SeedableRandomSampler` (order from ``seed`` and the epoch),
     keeping its generator. Otherwise it stays as it is, with a generator that every process copies from the
@@ -502,17 +502,19 @@ def _shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int,
     sampler would make itself.
     """
     sampler = getattr(batch_sampler, "sampler", None)
+    if callable(getattr(sampler, "draw_pass_order", None)):
+        return batch_sampler, None, sampler.draw_pass_order
     if not isinstance(sampler, RandomSampler):
         return batch_sampler, None, None
     if not use_seedable_sampler:
-        reseeded = None
+        draw_order = None
         if sampler.generator is None:
             sampler.generator = torch.Generator()
             if num_processes > 1:
                 sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
             else:
-                reseeded = sampler.generator
-        return batch_sampler, SyncedGenerator(sampler.generator, num_processes, reseeded is not None), reseeded
+                draw_order = reseeding(sampler.generator)
+        return batch_sampler, SyncedGenerator(sampler.generator, num_processes, draw_order is not None), draw_order
     seedable = SeedableRandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples,
                                      generator=sampler.generator if sampler.generator is not None else torch.Generator(),
                                      data_seed=seed)
@@ -572,7 +574,7 @@ def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_proce
                            config: DataLoaderConfiguration, seed: int, common: dict[str, Any], kwargs: dict[str, Any],
                            *, as_sampler: bool) -> PreparedDataLoader:
     """A map-style loader whose ``batch_sampler`` (or, ``as_sampler``, whose batch-yielding ``sampler``) is sharded."""
-    batch_sampler, synced, reseeded = _shuffling(batch_sampler, config.use_seedable_sampler, seed, num_processes)
+    batch_sampler, synced, draw_order = _shuffling(batch_sampler, config.use_seedable_sampler, seed, num_processes)
     batch_size = getattr(batch_sampler, "batch_size", None)
     if config.split_batches and batch_size is not None:
         _split_size(batch_size, num_processes)
@@ -583,7 +585,7 @@ def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_proce
     prepared = PreparedDataLoader._build(dataloader.dataset, global_batch_size=global_size, **batching, **common,
                                          **kwargs)
     prepared.synced_generator = synced
-    prepared.pass_draws.reseeded_sampler = reseeded
+    prepared.pass_draws.draw_order = draw_order
     return prepared
 
 

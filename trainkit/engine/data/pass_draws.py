@@ -62,14 +62,16 @@ class PassDraws:
     """One prepared loader's draws outside the model: recorded while a pass runs, replayed by a resumed pass.
 
     ``reads_in_workers``: batches are collated in worker processes, so reading one draws nothing here.
-    ``reseeded_sampler``: the generator given to a generator-less ``RandomSampler`` on one process; each pass seeds
-    it with a draw from the global generator, the draw the sampler would make itself (None: no such sampler).
+    ``draw_order``: for a sampler that draws its order from the global generator when its pass starts, what makes
+    that draw from a given generator (the global one, or a resumed pass's copy of it): a generator-less
+    ``RandomSampler`` on one process (:func:`reseeding`), or any sampler with a ``draw_pass_order(generator)``
+    method (transformers' length-grouped order). None: the sampler draws nothing from the global generator.
     Shared by a loader and the views ``skip_first_batches`` makes of it.
     """
 
-    def __init__(self, reads_in_workers: bool, reseeded_sampler: torch.Generator | None = None) -> None:
+    def __init__(self, reads_in_workers: bool, draw_order: Callable[[torch.Generator], None] | None = None) -> None:
         self.reads_in_workers = reads_in_workers
-        self.reseeded_sampler = reseeded_sampler
+        self.draw_order = draw_order
         self._start: dict[str, torch.Tensor] | None = None
         self._read_ahead: tuple[Any, Any, torch.Tensor] | None = None
         self._replay: dict[str, Any] | None = None
@@ -83,28 +85,28 @@ class PassDraws:
         starting ``skip`` samples in continues the one a loaded checkpoint was taken in.
 
         ``begin_sampler_pass`` aligns a shuffling generator (see :mod:`.generator_sync`): before the base seed is
-        drawn, as Accelerate does, except for a reseeded sampler, whose pass starts once it is seeded.
+        drawn, as Accelerate does, except for a sampler that draws its order, whose pass starts once it has.
         """
         replay, self._replay, self._replay_source = self._replay, None, None
         if replay is not None and (replay["epoch"], replay["samples_seen"]) != (epoch, skip):
             replay = None  # the run started this epoch over (or elsewhere): draw afresh, as a new pass does
         self._read_ahead = None
-        reseeded = self.reseeded_sampler
-        if begin_sampler_pass is not None and reseeded is None:
+        draw_order = self.draw_order
+        if begin_sampler_pass is not None and draw_order is None:
             begin_sampler_pass()
         if replay is None:
             draws_base = not (loader.num_workers > 0 and loader.persistent_workers and loader._iterator is not None)
             self._start = None
-            if draws_base or reseeded is not None:
+            if draws_base or draw_order is not None:
                 self._start = {"global": torch.get_rng_state()}
                 if loader.generator is not None:
                     self._start["loader"] = loader.generator.get_state()
             iterator = new_iterator()
-            if reseeded is not None:
-                reseeded.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+            if draw_order is not None:
+                draw_order(torch.default_generator)
         else:
             iterator = self._replayed_iterator(loader, new_iterator, replay)
-        if begin_sampler_pass is not None and reseeded is not None:
+        if begin_sampler_pass is not None and draw_order is not None:
             begin_sampler_pass()
         return iterator
 
@@ -123,8 +125,8 @@ class PassDraws:
             iterator = new_iterator()
         finally:
             loader.generator = own
-        if self.reseeded_sampler is not None:
-            self.reseeded_sampler.manual_seed(int(torch.empty((), dtype=torch.int64).random_(generator=stand_in).item()))
+        if self.draw_order is not None:
+            self.draw_order(stand_in)
         return iterator
 
     def read(self, next_batch: Callable[[], Any]) -> Any:
@@ -164,3 +166,13 @@ class PassDraws:
         self._replay = {"epoch": int(state["epoch"]), "samples_seen": int(state["samples_seen"]),
                         "start": None if start is None else {k: rng_state_from_text(v) for k, v in start.items()},
                         "read_ahead": None if read_ahead is None else _states_from_json(read_ahead)}
+
+
+def reseeding(generator: torch.Generator) -> Callable[[torch.Generator], None]:
+    """The draw a ``RandomSampler`` without a generator makes at each pass, for the one it was given instead: a seed
+    from ``source`` (torch's global generator in a fresh pass)."""
+
+    def draw(source: torch.Generator) -> None:
+        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_(generator=source).item()))
+
+    return draw
