@@ -42,11 +42,17 @@ UNSUPPORTED = {"adapter_model.safetensors": "a PEFT adapter checkpoint", "adapte
                "pytorch_model_fsdp_0": "an FSDP checkpoint", "global_step": "a DeepSpeed checkpoint"}
 
 
+TRAINKIT_FILES = ("manifest.json", "accelerator_state.json", "training_args.json")
+"""Any of these makes a folder trainkit's (a damaged one is then refused as such, never read as transformers')."""
+
+
 def is_transformers_checkpoint(folder: str) -> bool:
-    """A folder transformers' Trainer wrote: its ``trainer_state.json`` and weights, and no trainkit manifest."""
-    if os.path.isfile(os.path.join(folder, "manifest.json")) or not os.path.isfile(os.path.join(folder, TRAINER_STATE_NAME)):
+    """A folder transformers' Trainer wrote: its ``trainer_state.json`` and weights, and none of trainkit's files."""
+    if not os.path.isfile(os.path.join(folder, TRAINER_STATE_NAME)):
         return False
     names = set(os.listdir(folder))
+    if names & set(TRAINKIT_FILES):
+        return False
     return bool(names & set(WEIGHT_FILES)) or any(name.startswith(tuple(UNSUPPORTED)) for name in names)
 
 
