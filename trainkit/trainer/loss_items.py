@@ -82,7 +82,8 @@ def loss_shifts_labels(model: nn.Module) -> bool:
     from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 
     model = _peeled(model)
-    causal = LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss
+    loss_type = getattr(model, "loss_type", None)
+    causal = loss_type is not None and LOSS_MAPPING.get(loss_type) is ForCausalLMLoss
     return causal and not getattr(getattr(model, "config", None), "is_encoder_decoder", False)
 
 
@@ -151,3 +152,43 @@ def evaluation_loss(trainer: Any, loss: torch.Tensor, count: torch.Tensor | None
             or not loss_is_window_share(trainer, count)):
         return loss
     return loss * processes
+
+
+def set_policy(trainer: Any, model: nn.Module) -> None:
+    """Decide, for ``model``, what transformers' Trainer decides at construction: ``model_accepts_loss_kwargs`` and its
+    counting rule; and whether the model's loss uses the count (:func:`loss_uses_num_items`)."""
+    trainer.model_accepts_loss_kwargs = model_accepts_loss_kwargs(model)
+    trainer._loss_uses_num_items = loss_uses_num_items(model)
+    trainer._loss_shifts_labels = loss_shifts_labels(model)
+    trainer._window_loss_is_share = False
+
+
+def open_window(trainer: Any, window: Sequence[Any], count: torch.Tensor | None) -> bool:
+    """Open the engine's accumulation window over ``window`` with its items on all processes; return whether its
+    losses come as shares of ``count`` (:func:`loss_is_window_share`) rather than means to weight."""
+    accelerator, average = trainer.accelerator, trainer.args.average_tokens_across_devices
+    is_share = loss_is_window_share(trainer, count)
+    if is_share and count is not None:  # the window's items are the count (each process's own, without averaging)
+        accelerator.open_accumulation_window(len(window), count, items_are_global=average,
+                                             same_items_on_every_process=not average)
+        return True
+    items = sum(trainer._count_items(inputs) for inputs in window)
+    fixed_batches = getattr(trainer.callback_handler.train_dataloader, "global_batch_size", None) is not None
+    # Every rank's batches have one size: the sample count is the same everywhere, no collective needed.
+    # average_tokens_across_devices=False (transformers' meaning): each process normalises by its own items,
+    # so the gradient is the mean of the processes' mean losses; taken as local items x processes, unsummed.
+    same_everywhere = isinstance(items, int) and fixed_batches and accelerator.even_batches
+    accelerator.open_accumulation_window(len(window), items, same_items_on_every_process=same_everywhere or not average)
+    return is_share
+
+
+def window_share(trainer: Any, loss: torch.Tensor, inputs: Any, count: torch.Tensor | int | None) -> torch.Tensor:
+    """A micro-batch's loss as its share of the window's loss on all processes: a loss divided by ``count`` already is
+    (times 1, or 1/processes when each process counted its own); a mean over the micro-batch's own items is weighted
+    by its share of the window's items; without counted items, by the window's micro-batches (transformers' rule)."""
+    window_items = trainer.accelerator.gradient_state.window_items
+    if trainer._window_loss_is_share:
+        return loss * (count / window_items) if count is not None and window_items is not None else loss
+    if window_items is None:
+        return loss / trainer.current_gradient_accumulation_steps
+    return loss * (trainer._count_items(inputs) / window_items)

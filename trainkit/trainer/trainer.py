@@ -55,6 +55,8 @@ class Trainer:
     ``optimizer_cls_and_kwargs`` and ``preprocess_logits_for_metrics``.
     """
 
+    model_accepts_loss_kwargs: bool
+    """transformers' attribute: the model takes ``num_items_in_batch`` (its ``accepts_loss_kwargs``, else ``**kwargs``)."""
     loss_is_scaled_for_ga: bool | None = None
     """True when ``compute_loss`` returns a loss already divided by ``num_items_in_batch`` (the window's item
     count on all processes); otherwise it is taken as the mean over its micro-batch and weighted here.
@@ -101,9 +103,8 @@ class Trainer:
         self.label_names = self.args.label_names or default_label_names(model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
-        self._set_loss_items_policy(model)
+        loss_items.set_policy(self, model)  # model_accepts_loss_kwargs & co., as transformers decides them
         self.current_gradient_accumulation_steps = 1
-        """Micro-batches in the window being trained (transformers' attribute)."""
         self._num_parameters = flops_parameters(model)
         self._eval_dataloaders: dict[Any, DataLoader] = {}
         self._last_grad_norm: torch.Tensor | None = None
@@ -202,13 +203,11 @@ class Trainer:
                                 sampler=self._get_train_sampler(dataset), description="training")
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
-        """The order ``train_sampling_strategy`` names for ``train_dataset`` (default: the Trainer's), or None for a
-        dataset without a length (read in its own order); the engine shards it across processes."""
+        """The order ``train_sampling_strategy`` names (None: a dataset without a length, read in its own order)."""
         return wiring.train_sampler(self, self.train_dataset if train_dataset is None else train_dataset)
 
     def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
-        """The order of an evaluation or prediction set: sequential (length-grouped under ``group_by_length``, as
-        transformers), or None for a dataset without a length."""
+        """An evaluation set's order: sequential, length-grouped under ``group_by_length`` (None: no length)."""
         return wiring.eval_sampler(self, eval_dataset)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
@@ -266,13 +265,6 @@ class Trainer:
         self.model = self.accelerator.unwrap_model(wrapped)
         self.callback_handler.model = self.model
         self._model_prepared = True
-
-    def _set_loss_items_policy(self, model: nn.Module) -> None:
-        """transformers' ``model_accepts_loss_kwargs`` and counting rule for ``model`` (see trainer/loss_items.py)."""
-        self.model_accepts_loss_kwargs = loss_items.model_accepts_loss_kwargs(model)
-        self._loss_uses_num_items = loss_items.loss_uses_num_items(model)
-        self._loss_shifts_labels = loss_items.loss_shifts_labels(model)
-        self._window_loss_is_share = False
 
     def _setup_training(self, max_steps: int) -> None:
         # Model first: under FSDP the optimizer must be built over the sharded parameters.
@@ -337,17 +329,16 @@ class Trainer:
             batches = self._epoch_batches(train_dataloader, epoch, start_at.batches_to_skip if epoch == first_epoch else 0)
             self.control._new_epoch()
             self.control = handler.on_epoch_begin(args, state, self.control)
-            restore_random_states = start_at.restore_random_states if epoch == first_epoch else None
-            if restore_random_states is not None and not start_at.batches_to_skip:
-                restore_random_states()  # a transformers checkpoint: where transformers restores them
+            pending = start_at.restore_random_states if epoch == first_epoch else None  # a transformers checkpoint's
+            if pending is not None and not start_at.batches_to_skip:
+                pending = pending()  # restored where transformers restores them: here, or after the first window
             epoch_iterator = iter(batches)
             for num_batches in window_sizes(train_dataloader, self._accumulation_steps, plan, steps_in_epoch):
                 window, num_items_in_batch = self.get_batch_samples(epoch_iterator, num_batches, args.device)
                 if not window:
                     break
-                if restore_random_states is not None and start_at.batches_to_skip:
-                    restore_random_states()  # transformers restores them once the first window is read
-                restore_random_states = None
+                if pending is not None:
+                    pending = pending()
                 self.control._new_step()
                 self.control = handler.on_step_begin(args, state, self.control)
                 self._train_window(model, window, num_items_in_batch)
@@ -389,20 +380,7 @@ class Trainer:
         """Forward and backward every micro-batch of one window; gradients are exchanged after the last only."""
         accelerator = self.accelerator
         self.current_gradient_accumulation_steps = len(window)
-        self._window_loss_is_share = loss_items.loss_is_window_share(self, num_items_in_batch)
-        average = self.args.average_tokens_across_devices
-        if self._window_loss_is_share and num_items_in_batch is not None:  # the loss is already the count's share
-            accelerator.open_accumulation_window(len(window), num_items_in_batch, items_are_global=average,
-                                                 same_items_on_every_process=not average)
-        else:
-            num_items = sum(self._count_items(inputs) for inputs in window)
-            fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
-            # Every rank's batches have one size: the sample count is the same everywhere, no collective needed.
-            # average_tokens_across_devices=False (transformers' meaning): each process normalises by its own items,
-            # so the gradient is the mean of the processes' mean losses; taken as local items x processes, unsummed.
-            same_everywhere = isinstance(num_items, int) and fixed_batches and accelerator.even_batches
-            accelerator.open_accumulation_window(len(window), num_items,
-                                                 same_items_on_every_process=same_everywhere or not average)
+        self._window_loss_is_share = loss_items.open_window(self, window, num_items_in_batch)
         token_mode = self.args.include_num_input_tokens_seen
         window_loss = None
         for index, inputs in enumerate(window):
@@ -423,15 +401,7 @@ class Trainer:
         loss, whatever the strategy's reduction.
         """
         loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
-        window_items = self.accelerator.gradient_state.window_items
-        if self._window_loss_is_share:
-            if num_items_in_batch is not None and window_items is not None:  # x1 unless each process counted its own
-                loss = loss * (num_items_in_batch / window_items)
-        elif window_items is None:
-            loss = loss / self.current_gradient_accumulation_steps
-        else:
-            # A mean over this micro-batch's items, weighted by its share of the window's items on all processes.
-            loss = loss * (self._count_items(inputs) / window_items)
+        loss = loss_items.window_share(self, loss, inputs, num_items_in_batch)
         self.accelerator.backward(loss)
         return loss.detach()
 

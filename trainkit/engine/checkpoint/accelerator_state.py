@@ -241,11 +241,7 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
         item.apply()
     for scheduler, state in zip(prepared.schedulers, schedulers):
         scheduler.load_state_dict(state)
-    same_world = int(info["world_size"]) == accelerator.num_processes  # another world size reads other batches
-    for index, (loader, state) in enumerate(zip(tracked_loaders, loaders)):
-        loader.load_state_dict(state)
-        passes = rng.get("dataloaders") or []
-        loader.load_random_state(passes[index] if same_world and index < len(passes) else None)
+    _load_loaders(tracked_loaders, loaders, rng.get("dataloaders") if int(info["world_size"]) == accelerator.num_processes else None)
     if scaler:
         accelerator.precision.load_state_dict(scaler)
     for obj, state in zip(prepared.custom_objects, customs):
@@ -259,6 +255,14 @@ def load_accelerator_state(accelerator: Accelerator, input_dir: str | os.PathLik
     if accelerator.is_main_process:
         logger.info("Loaded checkpoint %s", directory)
     return directory
+
+
+def _load_loaders(loaders: Sequence[PreparedDataLoader], states: list[Any], passes: list[Any] | None) -> None:
+    """Each loader's position, and this process's draws of its pass in progress (``passes``: None when the checkpoint
+    comes from another number of processes, whose ranks read other batches)."""
+    for index, (loader, state) in enumerate(zip(loaders, states)):
+        loader.load_state_dict(state)
+        loader.load_random_state(passes[index] if passes and index < len(passes) else None)
 
 
 def _global_batch_rescale(accelerator: Accelerator, directory: str,

@@ -18,19 +18,19 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from trainkit.config.errors import ConfigError
 from trainkit.engine.step.accumulation import GradientState
 from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 from .device import send_to_device
-from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
+from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler, shuffling
 from .dispatch import dispatched_batches
 from .generator_sync import SyncedGenerator
 from .pass_draws import PassDraws, reseeding
@@ -490,41 +490,6 @@ class DataLoaderDispatcher(PreparedDataLoader):
         self.set_epoch(iteration)
 
 
-def _shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int,
-               num_processes: int) -> tuple[Any, SyncedGenerator | None, Callable[[torch.Generator], None] | None]:
-    """Make a ``RandomSampler`` inside ``batch_sampler`` give every process the same order; also return the draw
-    each pass makes for its order from the global generator (see :class:`.pass_draws.PassDraws`), if any.
-
-    use_seedable_sampler: it becomes a :class:`SeedableRandomSampler` (order from ``seed`` and the epoch),
-    keeping its generator. Otherwise it stays as it is, with a generator that every process copies from the
-    main one at each pass: the order one process would draw. A sampler without one gets one as in Accelerate:
-    on several processes seeded now from torch's RNG; on one, seeded at each pass from torch's RNG, the draw the
-    sampler would make itself.
-    """
-    sampler = getattr(batch_sampler, "sampler", None)
-    if callable(getattr(sampler, "draw_pass_order", None)):
-        return batch_sampler, None, sampler.draw_pass_order
-    if not isinstance(sampler, RandomSampler):
-        return batch_sampler, None, None
-    if not use_seedable_sampler:
-        draw_order = None
-        if sampler.generator is None:
-            sampler.generator = torch.Generator()
-            if num_processes > 1:
-                sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-            else:
-                draw_order = reseeding(sampler.generator)
-        return batch_sampler, SyncedGenerator(sampler.generator, num_processes, draw_order is not None), draw_order
-    seedable = SeedableRandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples,
-                                     generator=sampler.generator if sampler.generator is not None else torch.Generator(),
-                                     data_seed=seed)
-    if type(batch_sampler) is BatchSampler:
-        return BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last), None, None
-    replaced = copy.copy(batch_sampler)
-    replaced.sampler = seedable
-    return replaced, None, None
-
-
 def prepare_data_loader(
     dataloader: DataLoader,
     *,
@@ -574,7 +539,7 @@ def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_proce
                            config: DataLoaderConfiguration, seed: int, common: dict[str, Any], kwargs: dict[str, Any],
                            *, as_sampler: bool) -> PreparedDataLoader:
     """A map-style loader whose ``batch_sampler`` (or, ``as_sampler``, whose batch-yielding ``sampler``) is sharded."""
-    batch_sampler, synced, draw_order = _shuffling(batch_sampler, config.use_seedable_sampler, seed, num_processes)
+    batch_sampler, synced, draw_order = shuffling(batch_sampler, config.use_seedable_sampler, seed, num_processes)
     batch_size = getattr(batch_sampler, "batch_size", None)
     if config.split_batches and batch_size is not None:
         _split_size(batch_size, num_processes)

@@ -20,6 +20,7 @@ from trainkit.engine.checkpoint.storage import CheckpointIO, checkpoint_io_of
 
 from . import files as checkpoints
 from . import preemption, resume
+from .transformers_checkpoint import is_transformers_checkpoint, resume_transformers_checkpoint
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import CheckpointedTrainer as Trainer
@@ -88,9 +89,11 @@ class CheckpointManager:
         """Collective: load ``folder`` (weights, optimizer, schedule, RNG, data position, trainer state); return
         where the loop picks up."""
         try:
-            # A folder the automatic choice just checksummed is loaded with size checks only (hashed once).
-            point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch,
-                                           verify_checksums=folder != self._verified)
+            if is_transformers_checkpoint(folder):  # transformers' Trainer wrote it: continued as transformers would
+                point = resume_transformers_checkpoint(self.trainer, folder, steps_per_epoch)
+            else:  # a folder the automatic choice just checksummed is loaded with size checks only (hashed once)
+                point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch,
+                                               verify_checksums=folder != self._verified)
         except (CorruptedCheckpointError, IncompleteCheckpointError) as error:
             # Raised on every rank before anything was loaded. A script that passes transformers'
             # get_last_checkpoint() names the newest folder by number, sound or not.

@@ -43,6 +43,14 @@ class CheckpointedTrainer(Protocol):
         """The model as the engine prepared it: its weights are saved and loaded."""
 
     @property
+    def optimizer(self) -> Any:
+        """The prepared optimizer: a transformers checkpoint's ``optimizer.pt`` is loaded into it."""
+
+    @property
+    def lr_scheduler(self) -> Any:
+        """The schedule: a transformers checkpoint's ``scheduler.pt`` is loaded into it."""
+
+    @property
     def processing_class(self) -> Any:
         """Saved beside the weights when it has ``save_pretrained``."""
 

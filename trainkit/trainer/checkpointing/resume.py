@@ -50,10 +50,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state).
     ``verify_checksums=False``: sizes only, for a folder the caller has just verified."""
     from ..callbacks import TrainerState
-    from .transformers_checkpoint import is_transformers_checkpoint, resume_transformers_checkpoint
 
-    if is_transformers_checkpoint(folder):  # written by transformers' Trainer: continued as transformers would
-        return resume_transformers_checkpoint(trainer, folder, steps_per_epoch)
     if trainer.accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
     position_restored = False
