@@ -16,6 +16,7 @@ import torch
 
 import trainkit
 from tests.trainer.oracle_workload import train
+from trainkit.trainer.argument_fields import installed_transformers_release as transformers_release
 
 import transformers
 
@@ -28,8 +29,11 @@ GROUP_BY_LENGTH = ({"train_sampling_strategy": "group_by_length"}
                    else {"group_by_length": True})
 
 
-def assert_same_run(ours: dict, theirs: dict) -> None:
-    for key in ("losses", "grad_norms", "eval_losses", "train_loss"):
+def assert_same_run(ours: dict, theirs: dict, resumed: bool = False) -> None:
+    keys = ["losses", "grad_norms", "eval_losses"]
+    if not resumed or transformers_release() >= (5, 19):  # before, a resumed run's train_loss divided by every step
+        keys.append("train_loss")
+    for key in keys:
         assert ours[key] == theirs[key], key  # floats from the same tensors: equal to the bit
     assert ours["weights"].keys() == theirs["weights"].keys()
     for name, tensor in theirs["weights"].items():
@@ -41,12 +45,12 @@ def assert_same_run(ours: dict, theirs: dict) -> None:
     ("bert", {}),  # dropout; the evaluations draw a base seed too
     ("mlm", {"dataloader_num_workers": 1}),  # masking drawn in a worker seeded as transformers seeds it
     ("gpt2", {"gradient_accumulation_steps": 2}),  # loss over num_items_in_batch as transformers counts it
-    ("llama", {**GROUP_BY_LENGTH, "max_steps": 5}),  # its order drawn from the global RNG at each pass
+    ("llama", GROUP_BY_LENGTH),  # its order drawn from the global RNG at each pass (an evaluation at step 3 too)
 ])
 def test_the_same_numbers_as_transformers_trainer(tmp_path, task, extra):
     theirs = train(transformers, task, str(tmp_path / "transformers"), **extra)
     ours = train(trainkit, task, str(tmp_path / "trainkit"), **extra)
-    assert len(ours["losses"]) == extra.get("max_steps", 6) and len(ours["eval_losses"]) >= 1
+    assert len(ours["losses"]) == 6 and len(ours["eval_losses"]) == 2
     assert_same_run(ours, theirs)
 
 
@@ -94,7 +98,7 @@ def test_resuming_a_checkpoint_transformers_wrote(tmp_path):
     theirs = train(transformers, "bert", run, save_strategy="steps", save_steps=3, resume=folder)
     ours = train(trainkit, "bert", str(tmp_path / "trainkit"), resume=folder)
     assert len(ours["losses"]) == 3
-    assert_same_run(ours, theirs)
+    assert_same_run(ours, theirs, resumed=True)
     assert ours["losses"] == uninterrupted["losses"][3:]
     for name, tensor in uninterrupted["weights"].items():
         assert torch.equal(ours["weights"][name], tensor), name
@@ -109,7 +113,7 @@ def test_a_causal_lm_resumed_from_transformers_mid_epoch_with_accumulation(tmp_p
     theirs = train(transformers, "llama", run, save_strategy="no", resume=f"{run}/checkpoint-1", **extra)
     ours = train(trainkit, "llama", str(tmp_path / "trainkit"), resume=f"{run}/checkpoint-1", **extra)
     assert len(ours["losses"]) == 2
-    assert_same_run(ours, theirs)
+    assert_same_run(ours, theirs, resumed=True)
 
 
 def test_a_folder_of_neither_trainer_is_still_refused(tmp_path):

@@ -7,7 +7,7 @@ From transformers 5.10 the count of a model whose loss is the causal-LM loss (it
 ``ForCausalLMLoss``; encoder-decoders excepted) leaves out each row's first label, which that loss never predicts
 (a ``shift_labels`` entry is counted as it is); 5.1 to 5.9 count every label, so the loss reads (L-1)/L of the mean
 over predicted tokens. The count goes to the model, whose loss (transformers' loss functions) is then the window's
-sum over it; from 5.18 evaluation batches are counted and passed the same way.
+sum over it; each evaluation batch is counted and passed the same way.
 
 The Trainer counts and passes exactly that, so a model whose loss divides by the count gives transformers' numbers
 to the bit. A model that takes ``**kwargs`` but never looks at the count (BERT's heads compute their own mean) gets
@@ -24,19 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .argument_fields import installed_transformers_release
+
 SHIFTED_CAUSAL_COUNT_SINCE = (5, 10)
 """The first transformers release whose count leaves out each causal-LM row's first label."""
-EVALUATION_COUNT_SINCE = (5, 18)
-"""The first transformers release that counts evaluation batches and passes the count to the model."""
-
-
-def transformers_release() -> tuple[int, int]:
-    """The installed transformers' (major, minor)."""
-    import transformers
-    from packaging.version import Version
-
-    release = Version(transformers.__version__).release
-    return release[0], release[1] if len(release) > 1 else 0
 
 
 def _peeled(model: nn.Module) -> nn.Module:
@@ -77,7 +68,7 @@ def loss_uses_num_items(model: nn.Module) -> bool:
 
 def loss_shifts_labels(model: nn.Module) -> bool:
     """Whether transformers leaves each row's first label out of the count (see the module doc)."""
-    if transformers_release() < SHIFTED_CAUSAL_COUNT_SINCE:
+    if installed_transformers_release() < SHIFTED_CAUSAL_COUNT_SINCE:
         return False
     from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 
@@ -116,13 +107,6 @@ def num_items_in_batch(trainer: Any, batch_samples: Sequence[Any], device: torch
         if copies > 1:  # tensor-parallel ranks read the same batch: transformers divides by their number
             count = count / copies
     return count.to(device) if device is not None else count
-
-
-def evaluation_items(trainer: Any, inputs: Any) -> torch.Tensor | None:
-    """An evaluation batch's count, which transformers passes to the model from 5.18 (None before)."""
-    if transformers_release() < EVALUATION_COUNT_SINCE:
-        return None
-    return num_items_in_batch(trainer, [inputs], trainer.args.device)
 
 
 def loss_is_window_share(trainer: Any, count: torch.Tensor | None) -> bool:

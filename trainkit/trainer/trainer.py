@@ -574,7 +574,7 @@ class Trainer:
             labels = labels[0] if len(labels) == 1 else labels
         with torch.no_grad():
             if has_labels:
-                num_items = loss_items.evaluation_items(self, inputs)  # transformers >= 5.18 counts them here too
+                num_items = self._get_num_items_in_batch([inputs], self.args.device)  # as transformers counts them
                 loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items)
                 loss = loss_items.evaluation_loss(self, loss, num_items)
                 _, predictions = split_loss(outputs, ignore_keys)

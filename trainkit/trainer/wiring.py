@@ -123,15 +123,24 @@ def train_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None
     return LengthGroupedPassSampler(megabatch, dataset, lengths, model_input_name)
 
 
+EVAL_ORDER_SEEDED_SINCE = (5, 16)
+"""From this transformers release a length-grouped evaluation order comes from ``data_seed`` (before: the global RNG)."""
+
+
 def eval_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None:
     """The evaluation order: transformers' length-grouped one under ``group_by_length`` (from a generator seeded
-    with ``data_seed``, else ``seed``), else sequential; None for a dataset without a length."""
+    with ``data_seed``, else ``seed``; before transformers 5.16 drawn from the global RNG at each evaluation), else
+    sequential; None for a dataset without a length."""
+    from .argument_fields import installed_transformers_release
+
     args = trainer.args
     if dataset is None or not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
         return None
     if args.train_sampling_strategy == "group_by_length":
         lengths, model_input_name = _lengths_and_input_name(trainer, dataset)
         seed = args.data_seed if args.data_seed is not None else args.seed
+        if installed_transformers_release() < EVAL_ORDER_SEEDED_SINCE:
+            seed = None
         return LengthGroupedPassSampler(args.per_device_eval_batch_size, dataset, lengths, model_input_name, seed)
     return torch.utils.data.SequentialSampler(dataset)
 
