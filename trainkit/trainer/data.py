@@ -157,8 +157,8 @@ def split_loss(outputs: Any, ignore_keys: list[str]) -> tuple[torch.Tensor | Non
 class ItemCounter:
     """Counts the items a micro-batch's mean loss averages over: valid tokens for token-level labels, else samples.
 
-    A causal LM's loss shifts its labels by one, so position 0 is never a target and is not counted
-    (the same rule transformers uses for ``num_items_in_batch``).
+    A causal LM's loss shifts its labels by one, so position 0 is never a target and is not counted. (For a loss
+    divided by ``num_items_in_batch`` the count is transformers' own: trainer/loss_items.py.)
     """
 
     def __init__(self, model: nn.Module, label_names: list[str]) -> None:

@@ -126,6 +126,15 @@ def loss_is_window_share(trainer: Any, count: torch.Tensor | None) -> bool:
     return bool(trainer._loss_uses_num_items)
 
 
+def evaluation_items(trainer: Any, inputs: Any) -> torch.Tensor | None:
+    """An evaluation batch's count, as transformers' ``prediction_step`` takes it (summed over processes), or None
+    where processes may evaluate different numbers of batches (``even_batches=False``: a sum would wait forever)."""
+    accelerator = trainer.accelerator
+    if accelerator.num_processes > 1 and not accelerator.even_batches:
+        return None
+    return trainer._get_num_items_in_batch([inputs], trainer.args.device)
+
+
 def evaluation_loss(trainer: Any, loss: torch.Tensor, count: torch.Tensor | None) -> torch.Tensor:
     """An evaluation batch's loss as this process's mean: a loss divided by a count over all processes is multiplied
     by their number (transformers' ``compute_loss``), so that the evaluation loop's mean over processes is the

@@ -3,7 +3,8 @@
 Everything a user may change is a small method (compute_loss, training_step, prediction_step, create_optimizer,
 create_scheduler, get_*_dataloader, log, evaluate). Accumulation is the engine's: the Trainer opens each window
 of micro-batches in the engine (which counts its loss items on every process and decides when gradients sync)
-and keeps only its weighting policy: each micro-batch's mean loss weighted by its share of the window's items.
+and keeps only its weighting policy (trainer/loss_items.py): a loss divided by ``num_items_in_batch`` as transformers
+counts it is the window's share already, a micro-batch's own mean is weighted by its share of the window's items.
 """
 
 from __future__ import annotations
@@ -574,7 +575,7 @@ class Trainer:
             labels = labels[0] if len(labels) == 1 else labels
         with torch.no_grad():
             if has_labels:
-                num_items = self._get_num_items_in_batch([inputs], self.args.device)  # as transformers counts them
+                num_items = loss_items.evaluation_items(self, inputs)  # as transformers counts them
                 loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items)
                 loss = loss_items.evaluation_loss(self, loss, num_items)
                 _, predictions = split_loss(outputs, ignore_keys)

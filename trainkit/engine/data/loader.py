@@ -173,7 +173,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         # Each pass draws its iterator's base seed from ``generator`` (None: torch's global generator), as torch's
         # DataLoader does under Accelerate; pass_draws records those draws so a resumed pass can replay them.
         super().__init__(dataset, **kwargs)
-        self.pass_draws = PassDraws(reads_in_workers=self.num_workers > 0)
+        self.pass_draws = PassDraws(reads_in_workers=self.num_workers > 0, all_generators=resume_mid_epoch)
         self.dispatch_to: tuple[int, int] | None = None
         """(num_processes, process_index) when the main process reads and sends each rank its slice."""
         self.device = device

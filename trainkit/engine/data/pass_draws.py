@@ -26,25 +26,33 @@ import torch
 from trainkit.utils.random import rng_state_from_text, rng_state_to_text
 
 
-def _global_states() -> tuple[Any, Any, torch.Tensor]:
+def _global_states(everything: bool = True) -> tuple[Any, Any, torch.Tensor]:
+    """torch's global state, with python's and numpy's too when ``everything`` (they cost tens of microseconds)."""
+    if not everything:
+        return None, None, torch.get_rng_state()
     return random.getstate(), np.random.get_state(), torch.get_rng_state()
 
 
 def _set_global_states(states: tuple[Any, Any, torch.Tensor]) -> None:
-    random.setstate(states[0])
-    np.random.set_state(states[1])
+    if states[0] is not None:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
     torch.set_rng_state(states[2])
 
 
 def _states_to_json(states: tuple[Any, Any, torch.Tensor]) -> dict[str, Any]:
-    version, internal, gauss = states[0]
-    kind, keys, position, has_gauss, cached = states[1]
-    return {"python": [version, list(internal), gauss],
-            "numpy": [kind, keys.tolist(), int(position), int(has_gauss), float(cached)],
-            "torch": rng_state_to_text(states[2])}
+    text: dict[str, Any] = {"torch": rng_state_to_text(states[2])}
+    if states[0] is not None:
+        version, internal, gauss = states[0]
+        kind, keys, position, has_gauss, cached = states[1]
+        text.update(python=[version, list(internal), gauss],
+                    numpy=[kind, keys.tolist(), int(position), int(has_gauss), float(cached)])
+    return text
 
 
 def _states_from_json(state: dict[str, Any]) -> tuple[Any, Any, torch.Tensor]:
+    if "python" not in state:
+        return None, None, rng_state_from_text(state["torch"])
     version, internal, gauss = state["python"]
     kind, keys, position, has_gauss, cached = state["numpy"]
     return ((version, tuple(internal), gauss), (kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, cached),
@@ -62,6 +70,8 @@ class PassDraws:
     """One prepared loader's draws outside the model: recorded while a pass runs, replayed by a resumed pass.
 
     ``reads_in_workers``: batches are collated in worker processes, so reading one draws nothing here.
+    ``all_generators``: note python's and numpy's states before each read too, not only torch's (the Trainer's and
+    stateful loaders; the two cost tens of microseconds a batch, so other loaders replay torch draws only).
     ``draw_order``: for a sampler that draws its order from the global generator when its pass starts, what makes
     that draw from a given generator (the global one, or a resumed pass's copy of it): a generator-less
     ``RandomSampler`` on one process (:func:`reseeding`), or any sampler with a ``draw_pass_order(generator)``
@@ -69,8 +79,10 @@ class PassDraws:
     Shared by a loader and the views ``skip_first_batches`` makes of it.
     """
 
-    def __init__(self, reads_in_workers: bool, draw_order: Callable[[torch.Generator], None] | None = None) -> None:
+    def __init__(self, reads_in_workers: bool, draw_order: Callable[[torch.Generator], None] | None = None,
+                 all_generators: bool = False) -> None:
         self.reads_in_workers = reads_in_workers
+        self.all_generators = all_generators
         self.draw_order = draw_order
         self._start: dict[str, torch.Tensor] | None = None
         self._read_ahead: tuple[Any, Any, torch.Tensor] | None = None
@@ -134,7 +146,7 @@ class PassDraws:
         collating it from the stored ones and putting the current ones back)."""
         if self._replay_read is not None:
             stored, self._replay_read = self._replay_read, None
-            current = _global_states()
+            current = _global_states(stored[0] is not None)
             _set_global_states(stored)
             try:
                 return next_batch()
@@ -142,7 +154,7 @@ class PassDraws:
                 self._read_ahead = stored
                 _set_global_states(current)
         if not self.reads_in_workers:
-            self._read_ahead = _global_states()
+            self._read_ahead = _global_states(self.all_generators)
         return next_batch()
 
     # -- checkpoints ------------------------------------------------------------------------------------
