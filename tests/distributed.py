@@ -9,6 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from trainkit.config.ignored_field import ENV_VAR as IGNORE_FIELD_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_WORKERS = REPO / "tests" / "engine" / "workers"
 """The scripts the engine tests run in worker processes (one folder for every engine test sub-folder)."""
@@ -40,8 +42,9 @@ def worker_env(device: str = "cpu", **extra: str) -> dict[str, str]:
     if device not in ("cpu", "cuda"):
         raise ValueError(f"worker_env(device={device!r}): use 'cpu' or 'cuda'.")
     # A cluster's placement (torchrun's PET_*, MASTER_ADDR/PORT) would reach `trainkit launch` as a layer too.
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TRAINKIT_", "RANK", "WORLD_SIZE", "LOCAL_", "PET_", "MASTER_ADDR", "MASTER_PORT"))}
+    # TRAINKIT_IGNORE_FIELD (the field proofs' test mode, tests/ignore_each_field.py) reaches the workers.
+    env = {k: v for k, v in os.environ.items() if k == IGNORE_FIELD_ENV
+           or not k.startswith(("TRAINKIT_", "RANK", "WORLD_SIZE", "LOCAL_", "PET_", "MASTER_ADDR", "MASTER_PORT"))}
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),

@@ -52,6 +52,8 @@ SKIPPED: dict[str, str] = {
     "trainkit launch --num_machines 1:2 --max_restarts 3": "two machines, one leaving and rejoining; "
                                                            "tests/cli/test_elastic_launch.py runs these on loopback",
     ".venv/bin/python benchmarks/": "a benchmark: minutes of CPU, run by hand (benchmarks/README.md)",
+    "python -m pytest tests/ignore_each_field.py": "the ignore-one-field check: every field proof run with its field "
+                                                   "ignored, 4-9 minutes; run by hand, not in CI",
     "python benchmarks/fsdp_step_memory.py --device cuda": "a benchmark on a GPU (docs/fsdp.md's figures for CUDA)",
     # docs/clusters-ray.md: Ray is an optional extra, absent from the tests' default environment
     "pip install 'trainkit[ray]'": "installs Ray from the registry (network)",

@@ -43,6 +43,8 @@ _LAZY = {
     "is_rich_available": "trainkit.utils.imports",
     "Trainer": "trainkit.trainer",
     "TrainingArguments": "trainkit.trainer",
+    "Seq2SeqTrainer": "trainkit.trainer",
+    "Seq2SeqTrainingArguments": "trainkit.trainer",
     "TrainerCallback": "trainkit.trainer",
     "TrainerState": "trainkit.trainer",
     "TrainerControl": "trainkit.trainer",
@@ -77,6 +79,8 @@ if TYPE_CHECKING:
     from trainkit.trainer import (
         EarlyStoppingCallback,
         EvalPrediction,
+        Seq2SeqTrainer,
+        Seq2SeqTrainingArguments,
         Trainer,
         TrainerCallback,
         TrainerControl,

@@ -86,10 +86,12 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
 
 def __getattr__(name: str) -> Any:
     if name in _NOT_BUILT_IN:
-        from trainkit.utils.unsupported import NOT_DRIVEN
+        from trainkit.utils.unsupported import NOT_DRIVEN, accelerate_signature
 
         def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
             raise NotImplementedError(f"{name}: {NOT_DRIVEN[name]}.")
+
+        refuse.__signature__ = accelerate_signature(name, method=True)  # type: ignore[attr-defined]
 
         placeholder = type(name, (GeneralTracker,), {"__init__": refuse, "name": _NOT_BUILT_IN[name],
                                                      "requires_logging_directory": False, "__module__": __name__})

@@ -30,7 +30,8 @@ SPELLINGS: dict[str, list[tuple[object, object]]] = {
     "backward_prefetch": [("backward_post", "BACKWARD_POST"), ("NO_PREFETCH", "NO_PREFETCH")],
     "forward_prefetch": [("yes", True), ("y", True), ("false", False)],
     "state_dict_type": [("sharded_state_dict", "SHARDED_STATE_DICT")],
-    "cpu_ram_efficient_loading": [("false", False), ("f", False)],
+    "cpu_ram_efficient_loading": [("false", False), ("f", False), ("true", True), ("t", True), ("yes", True),
+                                  (1, True)],
     "sync_module_states": [("true", True), ("n", False)],
     "use_orig_params": [("True", True), ("0", False)],
     "activation_checkpointing": [("ON", True), ("off", False)],
@@ -61,24 +62,32 @@ def _flag_value(value: object) -> str:
     return str(value)
 
 
-def _through_every_surface(key: str, value: object, option: str, tmp_path) -> dict[str, object]:
-    """``option``'s value after ``key: value`` passed through each surface that accepts that key."""
+def _companions(option: str, expected: object) -> dict[str, object]:
+    """Bare option -> value that ``option`` set to ``expected`` needs beside it (checked at construction)."""
+    return {"sync_module_states": True} if option == "cpu_ram_efficient_loading" and expected else {}
+
+
+def _through_every_surface(key: str, value: object, option: str, tmp_path, companions: dict) -> dict[str, object]:
+    """``option``'s value after ``key: value`` (with ``companions``) passed through each surface that accepts it."""
     from trainkit import FullyShardedDataParallelPlugin, TrainingArguments
     from trainkit.cli.config_flags import add_config_flags, resolve_config
 
     bare = key[len(PREFIX):] if key.startswith(PREFIX) else key
     seen: dict[str, object] = {}
-    launch = LaunchConfig.from_mapping({"distributed_type": "FSDP", "fsdp_config": {key: value}})
+    prefixed = {PREFIX + name: other for name, other in companions.items()}
+    launch = LaunchConfig.from_mapping({"distributed_type": "FSDP", "fsdp_config": {key: value, **prefixed}})
     seen["yaml"] = getattr(launch.fsdp_config, option)
-    args = TrainingArguments(output_dir=str(tmp_path), fsdp=True, fsdp_config={key: value}, report_to="none")
+    args = TrainingArguments(output_dir=str(tmp_path), fsdp=True, fsdp_config={key: value, **companions},
+                             report_to="none")
     seen["TrainingArguments"] = getattr(args.fsdp_options, option)
     parser = argparse.ArgumentParser()
     add_config_flags(parser)
     if key.startswith(PREFIX) and key in {action.dest for action in parser._actions}:  # Accelerate's flag names
-        flags = parser.parse_args([f"--{key}", _flag_value(value)])
+        extra = [text for name, other in prefixed.items() for text in (f"--{name}", _flag_value(other))]
+        flags = parser.parse_args([f"--{key}", _flag_value(value), *extra])
         seen["flag"] = getattr(resolve_config(flags, cuda_available=False).fsdp_config, option)
     if bare in _plugin_fields_for(option):
-        seen["plugin"] = getattr(FullyShardedDataParallelPlugin(**{bare: value}).options, option)
+        seen["plugin"] = getattr(FullyShardedDataParallelPlugin(**{bare: value, **companions}).options, option)
     return seen
 
 
@@ -91,9 +100,7 @@ CASES += [("sharding_strategy", key, value, expected) for key in ("reshard_after
 @pytest.mark.parametrize("option, key, value, expected", CASES)
 def test_every_spelling_means_the_same_on_every_surface(option, key, value, expected, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINKIT_CONFIG_FILE", str(tmp_path / "absent.yaml"))
-    if option == "cpu_ram_efficient_loading" and expected:
-        pytest.skip("true needs sync_module_states and patches from_pretrained: covered by its own tests")
-    seen = _through_every_surface(key, value, option, tmp_path)
+    seen = _through_every_surface(key, value, option, tmp_path, _companions(option, expected))
     assert {"yaml", "TrainingArguments"} <= set(seen)
     assert seen == dict.fromkeys(seen, expected), (key, value, seen)
 

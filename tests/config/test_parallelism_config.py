@@ -1,5 +1,5 @@
-"""ParallelismConfig against the installed Accelerate's (the oracle): field names, order and defaults, the
-read-only views, validation, and the documented differences. Pure Python, no processes (CPU)."""
+"""ParallelismConfig and its cp/sp handlers against the installed Accelerate's (the oracle): field names, order and
+defaults, the read-only views, validation, and the documented differences. Pure Python, no processes (CPU)."""
 
 from __future__ import annotations
 
@@ -36,19 +36,24 @@ def test_fields_and_defaults_are_accelerates() -> None:
 
 
 def test_views_answer_as_accelerates_for_every_valid_layout() -> None:
-    """Every layout both accept (sizes 1, 2, 4 for replicate, shard and tp): each view gives the same answer."""
+    """Every layout both accept (sizes 1, 2, 4 for replicate, shard and tp; 1 or 2 for cp or sp): each view gives the
+    same answer, except that trainkit names ``sp`` among the dimensions FSDP shards and the loss averages across
+    (its sp ranks are a mesh dimension; Accelerate leaves sp to DeepSpeed)."""
     compared = 0
-    for replicate, shard, tp in itertools.product((1, 2, 4), repeat=3):
-        sizes = dict(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp)
+    for replicate, shard, tp, (cp, sp) in itertools.product((1, 2, 4), (1, 2, 4), (1, 2, 4), ((1, 1), (2, 1), (1, 2))):
+        sizes = dict(dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp, cp_size=cp, sp_size=sp)
         try:
             theirs = Accelerates(**sizes)
         except ValueError:
             continue
         ours = ParallelismConfig(**sizes)
         for view in VIEWS:
-            assert getattr(ours, view) == getattr(theirs, view), (sizes, view)
+            expected = getattr(theirs, view)
+            if sp > 1 and view in ("dp_shard_cp_dim_names", "dp_cp_dim_names"):
+                expected = expected + ["sp"]
+            assert getattr(ours, view) == expected, (sizes, view)
         compared += 1
-    assert compared >= 20
+    assert compared >= 60
 
 
 @pytest.mark.parametrize("field", ["dp_replicate_size", "dp_shard_size", "tp_size"])
@@ -68,12 +73,81 @@ def test_backends_are_checked_like_accelerate() -> None:
             ParallelismConfig(**{field: "other"})
 
 
-def test_context_and_sequence_parallelism_are_refused_with_the_reason() -> None:
-    Accelerates(cp_size=2)  # Accelerate accepts it (and needs CUDA attention kernels to run it)
-    with pytest.raises(ConfigError, match="cp_size=2.*CUDA attention kernels"):
-        ParallelismConfig(cp_size=2)
-    with pytest.raises(ConfigError, match="sp_size=2.*DeepSpeed"):
-        ParallelismConfig(sp_size=2)
+def test_context_and_sequence_parallelism_take_accelerates_handlers() -> None:
+    """cp_size / sp_size above 1 get Accelerate's default handlers (its classes' fields and defaults, read by name
+    from Accelerate's objects too); cp and sp together are refused, as by Accelerate."""
+    from accelerate.utils import DeepSpeedSequenceParallelConfig as TheirSequence
+    from accelerate.utils import TorchContextParallelConfig as TheirContext
+
+    from trainkit.utils import DeepSpeedSequenceParallelConfig, TorchContextParallelConfig
+
+    for ours, theirs in ((TorchContextParallelConfig, TheirContext), (DeepSpeedSequenceParallelConfig, TheirSequence)):
+        assert [f.name for f in dataclasses.fields(ours)] == [f.name for f in dataclasses.fields(theirs)]
+        assert dataclasses.asdict(ours()) == dataclasses.asdict(theirs())
+    for sizes in (dict(cp_size=2), dict(sp_size=2)):
+        ours, theirs = ParallelismConfig(**sizes), Accelerates(**sizes)
+        for name in ("cp_handler", "sp_handler"):
+            assert (getattr(ours, name) is None) == (getattr(theirs, name) is None), (sizes, name)
+            if getattr(theirs, name) is not None:
+                assert dataclasses.asdict(getattr(ours, name)) == dataclasses.asdict(getattr(theirs, name))
+    given = ParallelismConfig(cp_size=2, cp_handler=TheirContext(cp_comm_strategy="alltoall"))
+    assert given.cp_handler == TorchContextParallelConfig(cp_comm_strategy="alltoall")
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        Accelerates(cp_size=2, sp_size=2)
+    with pytest.raises(ConfigError, match="cp_size=2, sp_size=2.*set one of them to 1"):
+        ParallelismConfig(cp_size=2, sp_size=2)
+
+
+@pytest.mark.parametrize(("handler", "values", "match"), [
+    ("TorchContextParallelConfig", dict(cp_comm_strategy="ring"), "cp_comm_strategy='ring'.*allgather"),
+    ("DeepSpeedSequenceParallelConfig", dict(sp_seq_length_is_variable=False), "needs sp_seq_length"),
+    ("DeepSpeedSequenceParallelConfig", dict(sp_attn_implementation="eager"), "sp_attn_implementation='eager'"),
+    ("DeepSpeedSequenceParallelConfig", dict(sp_attn_implementation="flex_attention"), "flex_attention"),
+])
+def test_handler_values_are_checked_like_accelerate(handler: str, values: dict, match: str) -> None:
+    import accelerate.utils
+
+    import trainkit.utils
+
+    with pytest.raises(ValueError):
+        getattr(accelerate.utils, handler)(**values)
+    with pytest.raises(ConfigError, match=match):
+        getattr(trainkit.utils, handler)(**values)
+
+
+def test_handler_settings_travel_through_the_launch_block() -> None:
+    """The cp/sp settings of the launch block (Accelerate's keys) build the handlers, and are written back."""
+    block = {"parallelism_config_sp_size": "2", "parallelism_config_sp_seq_length": "512",
+             "parallelism_config_sp_seq_length_is_variable": "false", "parallelism_config_sp_attn_implementation": "sdpa"}
+    config = ParallelismConfig.from_mapping(block, where="test.yaml")
+    assert (config.sp_size, config.sp_handler.sp_seq_length, config.sp_handler.sp_seq_length_is_variable,
+            config.sp_handler.sp_attn_implementation) == (2, 512, False, "sdpa")
+    assert ParallelismConfig.from_mapping(config.to_launch_dict(), where="again") == config
+    context = ParallelismConfig.from_mapping({"parallelism_config_cp_size": 2, "parallelism_config_cp_comm_strategy":
+                                              "alltoall"}, where="test.yaml")
+    assert context.cp_handler.cp_comm_strategy == "alltoall"
+    with pytest.raises(ConfigError, match="test.yaml.*cp_comm_strategy='ring'"):
+        ParallelismConfig.from_mapping({"parallelism_config_cp_size": 2, "parallelism_config_cp_comm_strategy": "ring"},
+                                       where="test.yaml")
+
+
+def test_settings_of_a_size_one_dimension_warn_and_are_dropped() -> None:
+    """As Accelerate warns: a handler given while its size is 1 has no effect; trainkit drops it and says so."""
+    from trainkit.utils import TorchContextParallelConfig
+
+    with pytest.warns(UserWarning, match="cp_handler is set but cp_size is 1"):
+        config = ParallelismConfig(cp_handler=TorchContextParallelConfig())
+    assert config.cp_handler is None
+    with pytest.warns(UserWarning, match="sp_handler"):
+        ParallelismConfig.from_mapping({"parallelism_config_sp_seq_length": 128}, where="test.yaml")
+
+
+def test_resolved_places_the_sequence_dimension_in_accelerates_mesh_order() -> None:
+    config = ParallelismConfig(dp_shard_size=-1, sp_size=2, tp_size=2).resolved(8)
+    assert config.degrees() == {"dp_replicate": 1, "dp_shard": 2, "cp": 1, "sp": 2, "tp": 2}
+    assert list(config.degrees()) == ["dp_replicate", "dp_shard", "cp", "sp", "tp"]  # Accelerate's _get_mesh order
+    with pytest.raises(ConfigError, match="dp_shard_size=2 x tp_size=1 x cp_size=2 = 4 processes, but the run has 8"):
+        ParallelismConfig(dp_shard_size=2, cp_size=2).resolved(8)
 
 
 def test_tensor_parallel_with_pure_replication_is_trainkits_extension() -> None:
@@ -84,9 +158,10 @@ def test_tensor_parallel_with_pure_replication_is_trainkits_extension() -> None:
 
 
 def test_resolved_fills_the_rest_and_checks_the_world() -> None:
-    assert ParallelismConfig(dp_shard_size=-1, tp_size=2).resolved(8).degrees() == {"dp_replicate": 1, "dp_shard": 4,
-                                                                                    "tp": 2}
-    assert ParallelismConfig().resolved(4).degrees() == {"dp_replicate": 4, "dp_shard": 1, "tp": 1}  # as Accelerate
+    assert ParallelismConfig(dp_shard_size=-1, tp_size=2).resolved(8).degrees() == {
+        "dp_replicate": 1, "dp_shard": 4, "cp": 1, "sp": 1, "tp": 2}
+    assert ParallelismConfig().resolved(4).degrees() == {"dp_replicate": 4, "dp_shard": 1, "cp": 1, "sp": 1,
+                                                         "tp": 1}  # as Accelerate
     with pytest.raises(ConfigError, match="dp_shard_size=2 x tp_size=2 = 4 processes, but the run has 8"):
         ParallelismConfig(dp_shard_size=2, tp_size=2).resolved(8)
     with pytest.raises(ConfigError, match="divisible"):
@@ -100,8 +175,8 @@ def test_launch_keys_are_accelerates_spelling() -> None:
     from accelerate.commands.launch import launch_command_parser
 
     flags = {action.dest for action in launch_command_parser()._actions if action.dest.startswith("parallelism_config_")}
-    config = ParallelismConfig.from_mapping({"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": "2",
-                                             "parallelism_config_cp_comm_strategy": "allgather"}, where="test.yaml")
+    config = ParallelismConfig.from_mapping({"parallelism_config_dp_shard_size": 2, "parallelism_config_tp_size": "2"},
+                                            where="test.yaml")
     assert (config.dp_shard_size, config.tp_size) == (2, 2)
     for flag in flags:  # every key Accelerate's launcher has is known (its default value is accepted)
         ParallelismConfig.from_mapping({flag: None}, where="test.yaml")
@@ -145,7 +220,7 @@ def test_launch_yaml_block_and_flags_resolve_to_one_checked_block() -> None:
               (flags_to_mapping(args), "flag")]
     resolved = LaunchConfig.resolve(layers, cuda_available=False).parallelism()
     assert resolved is not None and (resolved.dp_shard_size, resolved.tp_size) == (-1, 2)
-    assert resolved.resolved(8).degrees() == {"dp_replicate": 1, "dp_shard": 4, "tp": 2}
+    assert resolved.resolved(8).degrees() == {"dp_replicate": 1, "dp_shard": 4, "cp": 1, "sp": 1, "tp": 2}
 
 
 def test_the_scripts_config_wins_over_the_launchers_with_one_notice() -> None:

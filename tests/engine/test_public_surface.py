@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import inspect
 import logging
 
 import pytest
@@ -71,7 +72,9 @@ TABLE += [("trainkit.utils", name) for name in ALSO_IN_TRAINKIT_UTILS]
 
 @pytest.mark.parametrize("module, name", TABLE, ids=[f"{m}.{n}" for m, n in TABLE])
 def test_name_imports_from_the_trainkit_path(module, name):
-    assert getattr(importlib.import_module(module), name) is not None
+    """What the name is, by Accelerate's naming: a capitalised name a class, a lower-case one a function."""
+    value = getattr(importlib.import_module(module), name)
+    assert inspect.isclass(value) if name[:1].isupper() else inspect.isroutine(value) or callable(value), type(value)
 
 
 def test_trainkit_accelerator_names_are_the_same_objects():

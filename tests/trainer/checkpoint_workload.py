@@ -71,7 +71,12 @@ def workload_args(output_dir: str, **extra) -> TrainingArguments:
     return TrainingArguments(**settings)
 
 
-def make_trainer(output_dir: str, stop_after: int | None = None, compute_metrics=None, model_init=DropoutRegressor,
+def dropout_regressor() -> DropoutRegressor:
+    """The workload's model (a model_init with no argument: one taking an argument is passed the trial, None)."""
+    return DropoutRegressor()
+
+
+def make_trainer(output_dir: str, stop_after: int | None = None, compute_metrics=None, model_init=dropout_regressor,
                  **extra) -> Trainer:
     """A fresh Trainer for the workload (the model initialised from the arguments' seed)."""
     callbacks = [StopAfter(stop_after)] if stop_after is not None else []

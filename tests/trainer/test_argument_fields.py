@@ -5,6 +5,7 @@ Each field, set to a non-default valid value, either constructs or fails with th
 """
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -69,6 +70,9 @@ COMPANIONS = {
     "dataloader_multiprocessing_context": {"dataloader_num_workers": 1},
     "dataloader_in_order": {"dataloader_num_workers": 1},
     "liger_kernel_config": {"use_liger_kernel": True},
+    # transformers refuses bf16 on a CPU-only machine unless use_cpu says so (trainkit runs bf16 on CPU either way);
+    # the oracle's machine is CPU-only.
+    "bf16": {"use_cpu": True}, "bf16_full_eval": {"use_cpu": True},
 }
 # Defaults that differ from transformers' on purpose (docs/migrating-from-transformers.md says why).
 DOCUMENTED_DEFAULTS = {
@@ -154,18 +158,85 @@ def test_the_non_default_table_covers_every_field():
     assert set(NON_DEFAULT) == set(OUR_FIELDS)
 
 
+# For the oracle: names trainkit accepts that the installed transformers spells another way (the same setting).
+SPELLINGS = {"warmup_ratio": "warmup_steps", "group_by_length": "train_sampling_strategy",
+             "activation_checkpointing": "gradient_checkpointing",
+             "activation_checkpointing_kwargs": "gradient_checkpointing_kwargs",
+             "train_sampling_strategy": "group_by_length"}
+SPELLED_VALUES = {("group_by_length", "train_sampling_strategy"): {True: "group_by_length"},
+                  ("train_sampling_strategy", "group_by_length"): {"group_by_length": True}}
+# Serialised values that differ on purpose (docs/migrating-from-transformers.md), by field:
+SERIALISED_DIFFERENTLY = {
+    "fsdp": "trainkit keeps the parsed words (a list); transformers 5.24 records True and moves the words into "
+            "fsdp_config (the resolved options are TrainingArguments.fsdp_options)",
+    "fsdp_config": "trainkit keeps the configuration as given; transformers fills in its defaults",
+    "enable_jit_checkpoint": "None: save on preemption whenever checkpoints are written (transformers: False)",
+    "trackio_space_id": "version-dependent default (DOCUMENTED_DEFAULTS)",
+}
+if importlib.util.find_spec("accelerate") is None:  # transformers' own Trainer needs it; the gpu-image/oldest stacks lack it
+    SERIALISED_DIFFERENTLY["accelerator_config"] = "transformers fills it in only when Accelerate is installed"
+NO_ORACLE = {"deepspeed": "transformers accepts deepspeed= only with the deepspeed package installed; trainkit runs "
+                          "the config on FSDP2/DDP without it"}
+
+
+def _oracle_kwargs(kwargs: dict) -> dict:
+    """``kwargs`` as the installed transformers spells them: a name it lacks takes its other spelling, or is left
+    out when it has none (trainkit's own fields, and fields newer than the installed release)."""
+    spelled = {}
+    for key, value in kwargs.items():
+        if key in HF_FIELDS:
+            spelled[key] = value
+        elif SPELLINGS.get(key) in HF_FIELDS:
+            other = SPELLINGS[key]
+            spelled[other] = SPELLED_VALUES.get((key, other), {}).get(value, value) if isinstance(value, (str, bool)) \
+                else value
+    return spelled
+
+
+def _plain(value):
+    """transformers keeps some values as dataclasses where Accelerate is absent: compare their fields."""
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+
+
+def _serialisations(args) -> dict[str, dict]:
+    return {"to_dict": {k: _plain(v) for k, v in args.to_dict().items()},
+            "to_json_string": json.loads(args.to_json_string()),
+            "to_sanitized_dict": args.to_sanitized_dict()}
+
+
 @pytest.mark.parametrize("name", sorted(OUR_FIELDS))
-def test_each_field_constructs_or_names_what_it_needs(name, tmp_path, monkeypatch):
+def test_each_field_serialises_as_transformers_does(name, tmp_path, monkeypatch):
+    """Set to a non-default value, each field constructs (or fails naming what it needs), and trainkit's to_dict(),
+    to_json_string() and to_sanitized_dict() equal those of the installed transformers' TrainingArguments built with
+    the same keywords (tests/trainer/transformers_oracle.py), every field's value compared, bar the listed ones."""
+    from tests.trainer.transformers_oracle import transformers_arguments
+
     monkeypatch.chdir(tmp_path)
-    kwargs = {"output_dir": str(tmp_path / "out"), name: NON_DEFAULT[name], **COMPANIONS.get(name, {})}
+    kwargs = {"output_dir": "out", name: NON_DEFAULT[name], **COMPANIONS.get(name, {})}
     if name == "push_to_hub":
         kwargs["hub_model_id"] = "me/model"
     if name in REFUSED:
         with pytest.raises(ConfigError, match=REFUSED[name]):
             TrainingArguments(**kwargs)
         return
-    args = TrainingArguments(**kwargs)
-    assert name in json.loads(args.to_json_string())
+    ours = TrainingArguments(**kwargs)
+    if name in NO_ORACLE:
+        pytest.skip(NO_ORACLE[name])
+    try:
+        theirs = transformers_arguments(**_oracle_kwargs(kwargs))
+    except ModuleNotFoundError as missing:  # transformers before 5.24 imports Accelerate for fsdp=
+        if missing.name != "accelerate":
+            raise
+        pytest.skip(f"the installed transformers needs Accelerate (absent here) to accept {name}=")
+    for form, our_values in _serialisations(ours).items():
+        their_values = _serialisations(theirs)[form]
+        compared = (set(our_values) & set(their_values)) - set(SERIALISED_DIFFERENTLY)
+        assert {"output_dir", "seed"} <= compared
+        if name in their_values and name not in SERIALISED_DIFFERENTLY:
+            assert name in compared
+        differing = {key: (our_values[key], their_values[key]) for key in sorted(compared)
+                     if our_values[key] != their_values[key]}
+        assert differing == {}, f"{form}: trainkit's value, transformers' value"
 
 
 def test_activation_checkpointing_and_its_old_name_are_one_setting():

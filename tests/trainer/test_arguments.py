@@ -23,7 +23,7 @@ def test_defaults_follow_transformers_5():
     (dict(eval_strategy="epochs"), "Did you mean 'epoch'"),
     (dict(save_strategy="bst"), "Did you mean 'best'"),
     (dict(lr_scheduler_type="cosin"), "Did you mean 'cosine'"),
-    (dict(optim="adamw_8bit"), "Valid values: adamw_torch, adamw_torch_fused, sgd, adafactor"),
+    (dict(optim="adamw_torch_fusd"), "Did you mean .adamw_torch_fused."),
     (dict(report_to="tensorbord"), "Did you mean 'tensorboard'"),
     (dict(fsdp="ful_shard"), "Did you mean 'full_shard'"),
     (dict(learning_rat=1e-3), "Did you mean 'learning_rate'"),

@@ -109,7 +109,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
                              help="Accelerate's flag; accepted (the --parallelism_config_* sizes decide).")
     for name in PARALLELISM_LAUNCH_KEYS:
         parallelism.add_argument(f"--{PARALLELISM_PREFIX}{name}", type=str, default=None, metavar="VALUE",
-                                 help=_PARALLELISM_DOCS.get(name, "Accepted while cp_size and sp_size are 1."))
+                                 help=_PARALLELISM_DOCS[name])
     fsdp = parser.add_argument_group("FSDP (each --fsdp_* flag implies --use_fsdp)")
     fsdp.add_argument("--use_fsdp", action="store_const", const=True, default=None, help="distributed_type FSDP.")
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
@@ -123,10 +123,14 @@ _PARALLELISM_DOCS = {
     "dp_replicate_size": "Full model copies; gradients all-reduced across them (-1: the rest of the processes).",
     "dp_shard_size": "Processes each copy is sharded across with FSDP2 (-1: the rest).",
     "tp_size": "Processes each layer is split across (tensor parallel, by the model's TP plan).",
-    "cp_size": "Must be 1: context parallelism needs CUDA attention kernels.",
-    "sp_size": "Must be 1: sequence parallelism is DeepSpeed's Ulysses.",
+    "cp_size": "Processes each sequence is split across, attention by torch's ring attention (CUDA only).",
+    "sp_size": "Processes each sequence is split across, attention by Ulysses all-to-all over the heads.",
     "cp_backend": "torch (the only value).",
-    "sp_backend": "deepspeed (the only value).",
+    "sp_backend": "deepspeed (the only value: the Ulysses algorithm, run on torch's collectives).",
+    "cp_comm_strategy": "allgather (default) or alltoall: how the ring passes key/value shards (cp_size > 1).",
+    "sp_seq_length": "The length every batch has, checked when --parallelism_config_sp_seq_length_is_variable false.",
+    "sp_seq_length_is_variable": "true (default): any batch length, padded to a multiple of sp_size; false: fixed.",
+    "sp_attn_implementation": "Attention run on the gathered sequence: sdpa (default), flash_attention_2/3.",
 }
 
 

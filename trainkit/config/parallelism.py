@@ -1,10 +1,13 @@
-"""The parallel degrees of a run, as plain data: :class:`ParallelismConfig`, with Accelerate 1.15's field names.
+"""The parallel degrees of a run, as plain data: :class:`ParallelismConfig`, with Accelerate 1.15's field names,
+and the settings of its context- and sequence-parallel dimensions (:class:`TorchContextParallelConfig`,
+:class:`DeepSpeedSequenceParallelConfig`, Accelerate's classes and fields).
 
-A run's processes form a grid ``dp_replicate x dp_shard x tp`` (torchtitan's ``ParallelDims``, Accelerate's
-``ParallelismConfig``): parameters are replicated across ``dp_replicate``, sharded FSDP-style across
-``dp_shard``, and split tensor-parallel across ``tp``. The data dimensions (``dp_replicate``, ``dp_shard``)
-read different batches; the ``tp`` ranks of one group read the same batch. DDP is ``dp_replicate = world``,
-FSDP is ``dp_shard = world``, HSDP is both above 1.
+A run's processes form a grid ``dp_replicate x dp_shard x cp x sp x tp`` (torchtitan's ``ParallelDims``,
+Accelerate's ``ParallelismConfig`` and mesh order): parameters are replicated across ``dp_replicate``, sharded
+FSDP-style across ``dp_shard`` (and across ``cp`` / ``sp``, whose ranks hold the same model), and split
+tensor-parallel across ``tp``. The data dimensions (``dp_replicate``, ``dp_shard``) read different batches;
+the ranks of one ``cp``, ``sp`` or ``tp`` group read the same batch (``cp`` and ``sp`` then split its sequence).
+DDP is ``dp_replicate = world``, FSDP is ``dp_shard = world``, HSDP is both above 1.
 
 This module owns the degrees and their validation (the product equals the world size; ``-1`` stands for
 "the rest", as in torchtitan); the engine (``trainkit.engine.parallel``) builds the device mesh from the
@@ -13,16 +16,18 @@ resolved degrees. No torch here.
 Where trainkit differs from Accelerate (each by design, and documented in docs/parallelism.md):
 
 * ``-1`` is accepted for one degree ("whatever the world size leaves"); Accelerate requires sizes >= 1.
-* ``tp_size > 1`` with pure replication (``dp_replicate_size > 1``, ``dp_shard_size == 1``) is accepted:
-  trainkit runs it as TP x DDP (gradients all-reduced over the replicas). Accelerate refuses it.
-* ``cp_size > 1`` and ``sp_size > 1`` are refused: PyTorch's context parallelism rewrites
-  ``scaled_dot_product_attention`` for CUDA attention kernels only, and Accelerate's sequence parallelism
-  is DeepSpeed's Ulysses, which trainkit does not run.
+* ``tp_size`` or ``cp_size`` above 1 with pure replication (``dp_replicate_size > 1``, ``dp_shard_size == 1``)
+  is accepted: trainkit runs it over the replicas (TP x DDP; CP/SP shard across their own ranks). Accelerate
+  refuses it.
+* ``sp_size > 1`` (``sp_backend="deepspeed"``, the Ulysses algorithm of DeepSpeed's ALST) runs on torch's
+  collectives: no DeepSpeed package or config; its ranks are a mesh dimension that FSDP shards across, as ``cp``.
+* Handler settings given for a dimension of size 1 are dropped with a warning (Accelerate warns too).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,27 +35,86 @@ from .errors import ConfigError
 
 DEGREE_FIELDS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
 """The size fields, in Accelerate's order."""
-MESH_ORDER = ("dp_replicate", "dp_shard", "tp")
-"""Mesh dimensions outermost first: tensor-parallel ranks are neighbours (the fastest links)."""
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+"""Mesh dimensions outermost first (Accelerate's order): tensor-parallel ranks are neighbours (the fastest
+links), then the ranks that split one sequence."""
+CP_SETTINGS = ("cp_comm_strategy",)
+"""The fields of :class:`TorchContextParallelConfig` (``cp_handler``)."""
+SP_SETTINGS = ("sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")
+"""The fields of :class:`DeepSpeedSequenceParallelConfig` (``sp_handler``)."""
 LAUNCH_PREFIX = "parallelism_config_"
-LAUNCH_KEYS = (*DEGREE_FIELDS, "cp_backend", "sp_backend", "cp_comm_strategy", "sp_seq_length",
-               "sp_seq_length_is_variable", "sp_attn_implementation")
+LAUNCH_KEYS = (*DEGREE_FIELDS, "cp_backend", "sp_backend", *CP_SETTINGS, *SP_SETTINGS)
 """The keys of the launch YAML's ``parallelism_config:`` block and of the ``--parallelism_config_*`` flags,
-after the prefix (Accelerate 1.15's launcher); the last four configure context/sequence parallelism, which
-trainkit refuses, and are accepted only to be ignored while those sizes are 1."""
+after the prefix (Accelerate 1.15's launcher); the last four build ``cp_handler`` / ``sp_handler``."""
 REST = -1
 """A degree of -1: whatever the world size leaves once the other degrees are applied."""
+CP_COMM_STRATEGIES = ("allgather", "alltoall")
+"""How torch's ring attention moves key/value shards between the ranks of a context-parallel group."""
+SP_ATTENTION_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "flash_attention_3")
+"""Attention implementations Ulysses can run inside (besides hub-hosted flash kernels), as Accelerate lists them."""
 
-_CP_REASON = ("context parallelism (cp_size > 1) is not available in trainkit: PyTorch implements it by "
-              "rewriting scaled_dot_product_attention for its CUDA attention kernels (flash / memory-efficient "
-              "/ cuDNN), so it cannot run on CPU or be tested on trainkit's CI")
-_SP_REASON = ("sequence parallelism (sp_size > 1) is Accelerate's DeepSpeed Ulysses backend, which trainkit does "
-              "not run (trainkit translates DeepSpeed configs onto DDP/FSDP2)")
+
+@dataclasses.dataclass
+class TorchContextParallelConfig:
+    """Settings of context parallelism (``ParallelismConfig(cp_size=..., cp_handler=...)``), Accelerate's class.
+
+    Args:
+        cp_comm_strategy: how torch's ring attention exchanges key/value shards: ``"allgather"`` (default: all
+            shards gathered once) or ``"alltoall"`` (passed around the ring, one neighbour at a time).
+    """
+
+    cp_comm_strategy: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cp_comm_strategy is None:
+            self.cp_comm_strategy = "allgather"
+        if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
+            raise ConfigError(f"TorchContextParallelConfig(cp_comm_strategy={self.cp_comm_strategy!r}): valid: "
+                              f"{list(CP_COMM_STRATEGIES)}.")
+
+
+@dataclasses.dataclass
+class DeepSpeedSequenceParallelConfig:
+    """Settings of sequence parallelism (``ParallelismConfig(sp_size=..., sp_handler=...)``), Accelerate's class.
+
+    trainkit runs the Ulysses algorithm on torch's collectives (no DeepSpeed package): these fields keep
+    Accelerate's names and meanings.
+
+    Args:
+        sp_seq_length: the sequence length of every batch, checked when ``sp_seq_length_is_variable`` is False.
+        sp_seq_length_is_variable: True (default): batches may have any length (each is padded at its end to a
+            multiple of ``sp_size``, which changes no loss); False: every batch must be ``sp_seq_length`` long.
+        sp_attn_implementation: the attention that runs on the gathered sequence (``"sdpa"`` by default,
+            ``"flash_attention_2"``/``"_3"`` on GPUs, or a hub flash kernel); ``eager`` and ``flex_attention``
+            are refused, as in Accelerate.
+    """
+
+    sp_seq_length: int | None = None
+    sp_seq_length_is_variable: bool | None = None
+    sp_attn_implementation: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.sp_seq_length_is_variable is None:
+            self.sp_seq_length_is_variable = True
+        self.sp_seq_length_is_variable = _flag("sp_seq_length_is_variable", self.sp_seq_length_is_variable)
+        if self.sp_seq_length is not None:
+            self.sp_seq_length = _degree("sp_seq_length", self.sp_seq_length, "DeepSpeedSequenceParallelConfig")
+            if self.sp_seq_length == REST:
+                raise ConfigError("DeepSpeedSequenceParallelConfig: sp_seq_length=-1 is not a length.")
+        if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
+            raise ConfigError("DeepSpeedSequenceParallelConfig: sp_seq_length_is_variable=False needs sp_seq_length "
+                              "(the length every batch has).")
+        name = self.sp_attn_implementation
+        if name is not None and name not in SP_ATTENTION_IMPLEMENTATIONS and not ("/" in name and "flash-attn" in name):
+            raise ConfigError(f"DeepSpeedSequenceParallelConfig(sp_attn_implementation={name!r}): valid: "
+                              f"{list(SP_ATTENTION_IMPLEMENTATIONS)} or a hub flash kernel "
+                              "('kernels-community/flash-attn2'); eager and flex_attention cannot run the gathered "
+                              "sequence.")
 
 
 @dataclasses.dataclass
 class ParallelismConfig:
-    """How the processes are split between data, sharding and tensor parallelism (Accelerate's names).
+    """How the processes are split between data, sharding, sequence and tensor parallelism (Accelerate's names).
 
     Pass it as ``Accelerator(parallelism_config=...)``, ``TrainingArguments(parallelism_config=...)``, or
     write a ``parallelism_config:`` block in the launch YAML (``parallelism_config_tp_size: 2``...).
@@ -59,13 +123,17 @@ class ParallelismConfig:
         dp_replicate_size: full copies of the (data-)sharded model; gradients are all-reduced across them.
         dp_shard_size: processes each model copy is sharded across (FSDP2); with ``dp_replicate_size > 1``: HSDP.
         tp_size: processes each layer is split across (tensor parallelism, by the model's TP plan).
-        cp_size: reserved; a value above 1 is refused (context parallelism needs CUDA attention kernels).
+        cp_size: processes each sequence is split across, attention running as torch's ring attention
+            (context parallelism; CUDA attention kernels).
         cp_backend: ``"torch"``, the only value Accelerate knows.
-        sp_size: reserved; a value above 1 is refused (DeepSpeed's Ulysses).
-        sp_backend: ``"deepspeed"``, the only value Accelerate knows.
+        sp_size: processes each sequence is split across, attention running on all of it for a share of the
+            heads (sequence parallelism, Ulysses style, on torch's all-to-all). Exclusive with ``cp_size``.
+        sp_backend: ``"deepspeed"``, the only value Accelerate knows (the Ulysses algorithm of DeepSpeed's ALST;
+            trainkit runs it on torch's collectives).
         tp_handler: a TP handler object (Accelerate's ``TorchTensorParallelConfig``); trainkit reads a
             ``tp_plan`` attribute from it when present (a ``{module pattern: style}`` dict), else none.
-        cp_handler, sp_handler: accepted only while their sizes are 1 (then they have no effect).
+        cp_handler: a :class:`TorchContextParallelConfig` (or Accelerate's); default one when ``cp_size > 1``.
+        sp_handler: a :class:`DeepSpeedSequenceParallelConfig` (or Accelerate's); default one when ``sp_size > 1``.
 
     A size left at None means 1. One degree may be ``-1``: the world size divided by the others.
     """
@@ -93,14 +161,17 @@ class ParallelismConfig:
         if self.cp_backend != "torch":
             raise ConfigError(f"ParallelismConfig(cp_backend={self.cp_backend!r}): valid: ['torch'].")
         if self.sp_backend != "deepspeed":
-            raise ConfigError(f"ParallelismConfig(sp_backend={self.sp_backend!r}): valid: ['deepspeed'].")
-        if self.cp_size != 1:
-            raise ConfigError(f"ParallelismConfig(cp_size={self.cp_size}): {_CP_REASON}. Use cp_size=1.")
-        if self.sp_size != 1:
-            raise ConfigError(f"ParallelismConfig(sp_size={self.sp_size}): {_SP_REASON}. Use sp_size=1.")
+            raise ConfigError(f"ParallelismConfig(sp_backend={self.sp_backend!r}): valid: ['deepspeed'] (the Ulysses "
+                              "algorithm; trainkit runs it on torch's collectives).")
         rests = [name for name in DEGREE_FIELDS if getattr(self, name) == REST]
         if len(rests) > 1:
             raise ConfigError(f"ParallelismConfig: only one degree may be -1 (\"the rest\"); got -1 for {rests}.")
+        if self.cp_size != 1 and self.sp_size != 1:
+            raise ConfigError(f"ParallelismConfig(cp_size={self.cp_size}, sp_size={self.sp_size}): context and "
+                              "sequence parallelism both split the sequence; set one of them to 1.")
+        # A handler belongs to a dimension that is on: above 1, or -1 (the rest, known once resolved).
+        self.cp_handler = _handler(self.cp_handler, TorchContextParallelConfig, CP_SETTINGS, self.cp_size != 1, "cp")
+        self.sp_handler = _handler(self.sp_handler, DeepSpeedSequenceParallelConfig, SP_SETTINGS, self.sp_size != 1, "sp")
 
     # -- Accelerate's read-only views ---------------------------------------------------------------
     @property
@@ -120,13 +191,13 @@ class ParallelismConfig:
 
     @property
     def cp_enabled(self) -> bool:
-        """Always False in trainkit (context parallelism is refused)."""
-        return False
+        """True when sequences are split for torch's ring attention (``cp_size > 1``)."""
+        return self._size("cp_size") > 1
 
     @property
     def sp_enabled(self) -> bool:
-        """Always False in trainkit (sequence parallelism is refused)."""
-        return False
+        """True when sequences are split for Ulysses attention (``sp_size > 1``)."""
+        return self._size("sp_size") > 1
 
     @property
     def dp_dim_names(self) -> list[str]:
@@ -136,18 +207,20 @@ class ParallelismConfig:
 
     @property
     def non_dp_dim_names(self) -> list[str]:
-        """Enabled dimensions whose ranks read the same data."""
-        return ["tp"] if self.tp_enabled else []
+        """Enabled dimensions whose ranks read the same data (Accelerate's order: tp, cp, sp)."""
+        return [name for name, on in (("tp", self.tp_enabled), ("cp", self.cp_enabled), ("sp", self.sp_enabled)) if on]
 
     @property
     def dp_shard_cp_dim_names(self) -> list[str]:
-        """Enabled dimensions the model is sharded across by FSDP (cp is never enabled here)."""
-        return ["dp_shard"] if self.dp_shard_enabled else []
+        """Enabled dimensions FSDP shards the model across: ``dp_shard`` and the sequence dimension (``cp``;
+        in trainkit ``sp`` too, whose ranks also hold one model)."""
+        return [name for name, on in (("dp_shard", self.dp_shard_enabled), ("cp", self.cp_enabled),
+                                      ("sp", self.sp_enabled)) if on]
 
     @property
     def dp_cp_dim_names(self) -> list[str]:
-        """Enabled dimensions the loss is averaged across."""
-        return self.dp_dim_names
+        """Enabled dimensions the loss is averaged across (the data dimensions and the sequence dimension)."""
+        return self.dp_dim_names + [name for name in ("cp", "sp") if getattr(self, f"{name}_enabled")]
 
     @property
     def fsdp_dim_names(self) -> list[str]:
@@ -171,8 +244,8 @@ class ParallelismConfig:
 
     @property
     def non_data_parallel_size(self) -> int:
-        """Processes sharing one batch: ``tp_size`` (``cp_size`` and ``sp_size`` are 1)."""
-        return self._size("tp_size")
+        """Processes sharing one batch: ``tp_size * cp_size * sp_size``."""
+        return self._size("tp_size") * self._size("cp_size") * self._size("sp_size")
 
     def _size(self, name: str) -> int:
         value = getattr(self, name)
@@ -181,7 +254,7 @@ class ParallelismConfig:
     def resolved(self, world_size: int) -> ParallelismConfig:
         """A copy whose degrees multiply to ``world_size``: a -1 is filled in; all degrees 1 on more than one
         process means pure data parallelism (``dp_replicate_size = world``), as in Accelerate."""
-        sizes = {name: getattr(self, name) for name in ("dp_replicate_size", "dp_shard_size", "tp_size")}
+        sizes = {name: getattr(self, name) for name in DEGREE_FIELDS}
         known = 1
         for value in sizes.values():
             known *= 1 if value == REST else value
@@ -193,25 +266,35 @@ class ParallelismConfig:
             sizes[rest] = world_size // known
         elif known == 1 and world_size > 1:
             sizes["dp_replicate_size"] = world_size
-        product = sizes["dp_replicate_size"] * sizes["dp_shard_size"] * sizes["tp_size"]
+        product = 1
+        for value in sizes.values():
+            product *= value
         if product != world_size:
-            shown = " x ".join(f"{name}={value}" for name, value in sizes.items())
+            shown = " x ".join(f"{name}={value}" for name, value in sizes.items() if name in ("dp_replicate_size",
+                               "dp_shard_size", "tp_size") or value != 1)
             raise ConfigError(f"ParallelismConfig: {shown} = {product} processes, but the run has {world_size}. "
                               "Adjust the degrees (or set one to -1 for the rest).")
         return dataclasses.replace(self, **sizes)
 
     def degrees(self) -> dict[str, int]:
-        """``{"dp_replicate": ..., "dp_shard": ..., "tp": ...}`` in mesh order (call on a resolved config)."""
+        """``{"dp_replicate": ..., "dp_shard": ..., "cp": ..., "sp": ..., "tp": ...}`` in mesh order (call on a
+        resolved config)."""
         return {name: self._size(f"{name}_size") for name in MESH_ORDER}
 
     def to_dict(self) -> dict[str, Any]:
-        """The degrees and backends (handlers are objects and are left out), for the launch YAML."""
-        return {name: getattr(self, name) for name in (*DEGREE_FIELDS, "cp_backend", "sp_backend")}
+        """The degrees, backends and the cp/sp handlers' settings (the TP handler is an object and is left out),
+        for the launch YAML."""
+        values = {name: getattr(self, name) for name in (*DEGREE_FIELDS, "cp_backend", "sp_backend")}
+        for handler, settings in ((self.cp_handler, CP_SETTINGS), (self.sp_handler, SP_SETTINGS)):
+            if handler is not None:
+                values.update({name: getattr(handler, name) for name in settings})
+        return values
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str) -> ParallelismConfig:
         """Build from a launch YAML block or flags: keys ``parallelism_config_<field>`` (as Accelerate writes
-        them) or the bare field names; an unknown key is an error naming the valid ones."""
+        them) or the bare field names; an unknown key is an error naming the valid ones. The cp/sp settings
+        build the handlers."""
         chosen: dict[str, Any] = {}
         for key, value in values.items():
             name = key[len(LAUNCH_PREFIX):] if key.startswith(LAUNCH_PREFIX) else key
@@ -220,14 +303,55 @@ class ParallelismConfig:
             if name in DEGREE_FIELDS and value is not None:
                 value = _degree(f"parallelism_config_{name}", value, where)
             chosen[name] = value
-        # Settings of the refused dimensions mean nothing while those dimensions are off (size 1).
-        for extra in LAUNCH_KEYS[len(DEGREE_FIELDS) + 2:]:
-            chosen.pop(extra, None)
+        for handler, settings, factory in (("cp_handler", CP_SETTINGS, TorchContextParallelConfig),
+                                           ("sp_handler", SP_SETTINGS, DeepSpeedSequenceParallelConfig)):
+            given = {name: chosen.pop(name) for name in settings if chosen.get(name) is not None}
+            for name in settings:
+                chosen.pop(name, None)
+            if given:
+                try:
+                    chosen[handler] = factory(**given)
+                except ConfigError as error:
+                    raise ConfigError(f"{where}: {error}") from None
         return cls(**chosen)
 
     def to_launch_dict(self) -> dict[str, Any]:
         """The ``parallelism_config:`` block as Accelerate writes it (``parallelism_config_<field>`` keys)."""
         return {LAUNCH_PREFIX + name: value for name, value in self.to_dict().items()}
+
+
+def _handler(handler: Any, ours: type, settings: tuple[str, ...], on: bool, dimension: str) -> Any:
+    """The handler as trainkit's class (Accelerate's object is read by its fields); a default one when the
+    dimension is on; None, with a warning, for settings of a dimension of size 1 (they would do nothing)."""
+    if not on:
+        if handler is not None:
+            warnings.warn(f"ParallelismConfig.{dimension}_handler is set but {dimension}_size is 1: it has no effect.",
+                          UserWarning, stacklevel=4)
+        return None
+    if handler is None or isinstance(handler, ours):
+        return ours() if handler is None else handler
+    if isinstance(handler, Mapping):
+        unknown = sorted(set(handler) - set(settings))
+        if unknown:
+            raise ConfigError(f"ParallelismConfig({dimension}_handler=...): unknown keys {unknown}; valid: "
+                              f"{list(settings)}.")
+        return ours(**handler)
+    if not all(hasattr(handler, name) for name in settings):
+        raise ConfigError(f"ParallelismConfig({dimension}_handler={type(handler).__name__}): expected a "
+                          f"{ours.__name__} (fields {list(settings)}).")
+    return ours(**{name: getattr(handler, name) for name in settings})
+
+
+def _flag(name: str, value: Any) -> bool:
+    """A boolean setting given as a bool or as launch-flag text (``true``/``false``)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"DeepSpeedSequenceParallelConfig: {name}={value!r} is not a boolean (true or false).")
 
 
 def _degree(name: str, value: Any, where: str = "ParallelismConfig") -> int:

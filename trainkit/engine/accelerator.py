@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 from trainkit.config.deepspeed import DeepSpeedPlugin
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import EngineConfig
+from trainkit.config.ignored_field import honour_ignored_keyword
 from trainkit.engine.process import collectives
 from trainkit.engine.step.accumulation import GradientState, sum_across_processes
 from trainkit.engine.api.options import announce_dataloader_options, resolve_compat_options
@@ -102,6 +103,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             one); when given, the arguments above that it covers are not consulted.
     """
 
+    @honour_ignored_keyword("Accelerator")  # the field proofs' test mode (TRAINKIT_IGNORE_FIELD); nothing when unset
     def __init__(
         self,
         device_placement: bool = True,
@@ -229,8 +231,12 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     @property
     def even_batches(self) -> bool:
-        """Whether the last global batch is padded so every process gets one."""
+        """Whether the last global batch is padded so every process gets one (settable, as in Accelerate)."""
         return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
 
     @property
     def project_dir(self) -> str | None:
@@ -311,11 +317,24 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         return global_items
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Backpropagate ``loss`` normalised for its accumulation window (``GradientState.normalise_loss``)."""
+        """Backpropagate ``loss`` normalised for its accumulation window (``GradientState.normalise_loss``).
+
+        ``learning_rate=`` (Accelerate's LOMO path): the prepared LOMO optimizers (lomo-optim's ``Lomo``/``AdaLomo``)
+        run backward themselves and update the weights at that rate as the gradients arrive."""
         if self._checkpoint_writer is not None:  # a failed background checkpoint write stops the loop here
             self._checkpoint_writer.raise_pending_error()
         loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
                                                   self.strategy.data_parallel_size)
+        learning_rate = kwargs.pop("learning_rate", None)
+        if learning_rate is not None:
+            fused_backwards: list[Any] = [getattr(opt.optimizer, "fused_backward", None) for opt in self._optimizers]
+            fused_backwards = [step for step in fused_backwards if callable(step)]
+            if not fused_backwards:
+                raise ValueError("backward(learning_rate=...) is for LOMO optimizers (lomo-optim's Lomo/AdaLomo), "
+                                 "and none was passed to prepare().")
+            for fused_backward in fused_backwards:
+                fused_backward(loss, learning_rate)
+            return
         self.precision.backward(loss, **kwargs)
 
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:

@@ -9,6 +9,8 @@ _LAZY = {
     "Trainer": "trainkit.trainer.trainer",
     "TrainOutput": "trainkit.trainer.trainer",
     "TrainingArguments": "trainkit.trainer.arguments",
+    "Seq2SeqTrainer": "trainkit.trainer.seq2seq.trainer",
+    "Seq2SeqTrainingArguments": "trainkit.trainer.seq2seq.arguments",
     "TrainerCallback": "trainkit.trainer.callbacks",
     "TrainerState": "trainkit.trainer.callbacks",
     "TrainerControl": "trainkit.trainer.callbacks",
@@ -50,4 +52,6 @@ if TYPE_CHECKING:
         TrainerState,
     )
     from .evaluation import EvalLoopOutput, EvalPrediction, PredictionOutput
+    from .seq2seq.arguments import Seq2SeqTrainingArguments
+    from .seq2seq.trainer import Seq2SeqTrainer
     from .trainer import Trainer, TrainOutput

@@ -238,10 +238,16 @@ def _check_unavailable_features(args: Any) -> None:
     if args.parallelism_config is not None:  # its type and degrees now; its product against the world at training
         from trainkit.config.engine import parse_parallelism
 
-        parse_parallelism(args.parallelism_config, f"parallelism_config in {WHERE}")
-    if args.optim_target_modules is not None:
-        raise ConfigError(f"optim_target_modules in {WHERE} is read only by the GaLore/APOLLO optimizers (packages "
-                          f"galore-torch/apollo-torch), which trainkit does not build; optim={args.optim!r} ignores it.")
+        parallelism = parse_parallelism(args.parallelism_config, f"parallelism_config in {WHERE}")
+        if parallelism is not None and (parallelism.cp_size != 1 or parallelism.sp_size != 1) and \
+                args.label_smoothing_factor:
+            raise ConfigError(f"label_smoothing_factor={args.label_smoothing_factor} in {WHERE} with cp_size/sp_size "
+                              "> 1: the smoothed loss is computed outside the model on whole-sequence labels, but each "
+                              "rank's logits cover its part of the sequence; use label_smoothing_factor=0.")
+    optim = str(getattr(args.optim, "value", args.optim))
+    if args.optim_target_modules is not None and not optim.startswith(("galore", "apollo")):
+        raise ConfigError(f"optim_target_modules in {WHERE} is read only by the GaLore/APOLLO optimizers "
+                          f"(optim='galore_*' or 'apollo_*'); optim={optim!r} ignores it.")
     for name in ("trackio_space_id", "trackio_bucket_id", "trackio_static_space_id"):
         value = getattr(args, name)
         if value is not None and value is not False:
@@ -329,7 +335,7 @@ def _apply_tf32(tf32: bool | None, use_cpu: bool) -> None:
 def _load_accelerator_config(value: Any) -> dict[str, Any]:
     """accelerator_config (None, dict, JSON string or JSON file) -> a checked dict."""
     if value is None:
-        return {}
+        value = {}
     if hasattr(value, "to_dict"):
         value = value.to_dict()
     if isinstance(value, str):
@@ -346,7 +352,10 @@ def _load_accelerator_config(value: Any) -> dict[str, Any]:
     if config.get("gradient_accumulation_kwargs"):
         raise ConfigError(f"accelerator_config['gradient_accumulation_kwargs'] in {WHERE}: the Trainer accumulates "
                           "gradients itself (gradient_accumulation_steps), so these engine options do not apply.")
-    return config
+    from transformers.trainer_pt_utils import AcceleratorConfig  # its defaults fill the keys not given, as transformers does
+
+    known = DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS
+    return {**{f.name: f.default for f in dataclasses.fields(AcceleratorConfig) if f.name in known}, **config}
 
 
 def _parse_debug(value: Any) -> list[str]:

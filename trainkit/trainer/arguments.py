@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
+from trainkit.config.ignored_field import reset_ignored_field
 from trainkit.engine.tracking import tracker_names
-from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields, parse_number_or_bool
+from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
 from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
+from trainkit.trainer.optim import check_optimizer_name, optimizer_names
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +27,6 @@ WHERE = "TrainingArguments"
 INTERVAL_STRATEGIES = ("no", "steps", "epoch")
 SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
-# The optimizers trainkit builds itself (see optim.py); other transformers names are rejected by name.
-SUPPORTED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "sgd", "adafactor")
 TOKEN_COUNT_MODES = ("all", "non_padding", "no")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 # The words the string form of `fsdp` may contain (transformers' FSDPOption values).
@@ -83,13 +83,13 @@ class TrainingArguments(ProcessAttributes):
     adam_beta2: float = field(default=0.999, metadata={"help": "Adam beta2."})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "Adam epsilon."})
     max_grad_norm: float = field(default=1.0, metadata={"help": "Clip the global gradient norm to this value; 0 disables clipping (and its cost)."})
-    optim: str = field(default="adamw_torch_fused", metadata={"help": "adamw_torch | adamw_torch_fused | sgd | adafactor."})
-    optim_args: str | None = field(default=None, metadata={"help": "Extra optimizer keyword arguments as 'key=value,key=value'."})
+    optim: str = field(default="adamw_torch_fused", metadata={"help": "Any name of transformers' OptimizerNames, resolved as the installed transformers does (docs/trainer.md)."})
+    optim_args: str | None = field(default=None, metadata={"help": "Optimizer settings as 'key=value,key=value': the keys the chosen optim reads in transformers."})
     lr_scheduler_type: str = field(default="linear", metadata={"help": "A transformers scheduler name (linear, cosine, constant, ...)."})
     lr_scheduler_kwargs: dict | str | None = field(default=None, metadata={"help": "Extra scheduler arguments (dict or JSON string)."})
     warmup_steps: float = field(default=0, metadata={"help": "Warm-up steps: an integer, or a float in [0, 1) as a ratio of total steps."})
     warmup_ratio: float | None = field(default=None, metadata={"help": "transformers 5.1's name: read as warmup_steps=<ratio> (a ratio of total steps in [0, 1))."})
-    optim_target_modules: None | str | list[str] = field(default=None, metadata={"help": "Modules the GaLore/APOLLO optimizers target (those optimizers are not available in trainkit)."})
+    optim_target_modules: None | str | list[str] = field(default=None, metadata={"help": "Modules the GaLore/APOLLO optimizers target (names or regexes, or 'all-linear')."})
     label_smoothing_factor: float = field(default=0.0, metadata={"help": "Label smoothing epsilon applied to the model's logits (0 = none)."})
 
     # --- precision, memory, compilation ---
@@ -208,6 +208,7 @@ class TrainingArguments(ProcessAttributes):
     do_predict: bool = field(default=False, metadata={"help": "For scripts: whether to predict."})
 
     def __post_init__(self) -> None:
+        reset_ignored_field(self)  # the field proofs' test mode (TRAINKIT_IGNORE_FIELD); nothing when unset
         if self.output_dir is None:
             self.output_dir = "trainer_output"
         self.output_dir = os.path.expanduser(str(self.output_dir))
@@ -235,7 +236,7 @@ class TrainingArguments(ProcessAttributes):
         self.save_strategy = check_choice("save_strategy", _enum_value(self.save_strategy), SAVE_STRATEGIES, where=WHERE)
         self.hub_strategy = check_choice("hub_strategy", _enum_value(self.hub_strategy), HUB_STRATEGIES, where=WHERE)
         self.lr_scheduler_type = check_choice("lr_scheduler_type", _enum_value(self.lr_scheduler_type), _scheduler_names(), where=WHERE)
-        self.optim = check_choice("optim", _enum_value(self.optim), SUPPORTED_OPTIMIZERS, where=WHERE)
+        self.optim = check_choice("optim", _enum_value(self.optim), optimizer_names(), where=WHERE)
         self.log_level = check_choice("log_level", self.log_level, LOG_LEVELS, where=WHERE)
         self.log_level_replica = check_choice("log_level_replica", self.log_level_replica, LOG_LEVELS, where=WHERE)
         if isinstance(self.include_num_input_tokens_seen, bool):
@@ -252,6 +253,8 @@ class TrainingArguments(ProcessAttributes):
         self.gradient_checkpointing = bool(self.gradient_checkpointing)
         if self.torch_compile_backend is not None or self.torch_compile_mode is not None:
             self.torch_compile = True
+        if self.torch_compile and self.torch_compile_backend is None:
+            self.torch_compile_backend = "inductor"  # as transformers records it
         if self.eval_strategy != "no":
             self.do_eval = True
         if self.disable_tqdm is None:
@@ -341,8 +344,7 @@ class TrainingArguments(ProcessAttributes):
             self.dataloader_pin_memory = False
         if self.push_to_hub and not (self.hub_model_id or self.output_dir):
             raise ConfigError(f"push_to_hub=True in {WHERE} needs hub_model_id.")
-        if self.optim_args is not None:
-            self.optimizer_extra_kwargs  # parse now so a malformed string fails at construction
+        check_optimizer_name(self)  # its package and hardware are here, its optim_args keys read
 
     def _resolve_fsdp(self):
         words, sharding_named = _fsdp_words(self.fsdp)
@@ -390,21 +392,6 @@ class TrainingArguments(ProcessAttributes):
         """The engine's name for the precision: 'no', 'bf16' or 'fp16'."""
         return "fp16" if self.fp16 else "bf16" if self.bf16 else "no"
 
-    @property
-    def optimizer_extra_kwargs(self) -> dict[str, Any]:
-        """``optim_args`` parsed into keyword arguments (numbers and booleans converted)."""
-        if not self.optim_args:
-            return {}
-        parsed: dict[str, Any] = {}
-        for pair in self.optim_args.replace(" ", "").split(","):
-            if not pair:
-                continue
-            if "=" not in pair:
-                raise ConfigError(f"optim_args={self.optim_args!r} in {WHERE}: expected 'key=value,key=value'.")
-            key, raw = pair.split("=", 1)
-            parsed[key] = _parse_scalar(raw)
-        return parsed
-
     def warmup_steps_for(self, total_steps: int) -> int:
         """Warm-up steps for a run of ``total_steps`` optimizer steps (a ratio below 1 is resolved here)."""
         if 0 < self.warmup_steps < 1:
@@ -425,7 +412,7 @@ class TrainingArguments(ProcessAttributes):
         result = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name.endswith("_token") and value is not None:
+            if f.name.endswith("_token"):  # masked even when unset, as transformers does
                 value = f"<{f.name.upper()}>"
             result[f.name] = value
         return result
@@ -438,11 +425,6 @@ class TrainingArguments(ProcessAttributes):
 def _enum_value(value: Any) -> Any:
     """Accept transformers' enum members (IntervalStrategy.EPOCH, ...) as well as their string values."""
     return getattr(value, "value", value)
-
-
-def _parse_scalar(raw: str) -> Any:
-    parsed = parse_number_or_bool(raw)
-    return raw if parsed is None else parsed
 
 
 def _normalise_report_to(value: Any) -> list[str]:
@@ -487,15 +469,14 @@ def _load_fsdp_config(value: Any):
     return load_fsdp_config(value if value is not None else {})
 
 
-def _reject_unknown_keywords(init):
-    """Wrap the generated __init__ so an unknown keyword is named with a did-you-mean instead of a bare TypeError."""
-    names = None
+def reject_unknown_keywords(cls: type) -> None:
+    """Wrap ``cls.__init__`` (a TrainingArguments dataclass, after ``@dataclass`` made it) so an unknown keyword is
+    named with a did-you-mean instead of a bare TypeError."""
+    init = getattr(cls, "__init__")  # the dataclass-made one
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
 
     @functools.wraps(init)
     def checked_init(self, *args, **kwargs):
-        nonlocal names
-        if names is None:
-            names = [f.name for f in dataclasses.fields(TrainingArguments) if f.init]
         unknown = [k for k in kwargs if k not in names]
         if unknown:
             key = unknown[0]
@@ -507,14 +488,12 @@ def _reject_unknown_keywords(init):
             else:
                 guess = did_you_mean(key, names)
                 hint = f" Did you mean {guess!r}?" if guess else ""
-            raise UnknownArgumentError(f"TrainingArguments got an unknown argument {key!r}.{hint}")
+            raise UnknownArgumentError(f"{cls.__name__} got an unknown argument {key!r}.{hint}")
         init(self, *args, **kwargs)
 
-    return checked_init
+    setattr(cls, "__init__", checked_init)
 
 
-# Wrapped after the dataclass made __init__ (unknown keywords fail with a did-you-mean); mypy refuses any
-# assignment to a method.
-TrainingArguments.__init__ = _reject_unknown_keywords(TrainingArguments.__init__)  # type: ignore[method-assign]
+reject_unknown_keywords(TrainingArguments)
 
-__all__ = ["TrainingArguments", "UnknownArgumentError"]
+__all__ = ["TrainingArguments", "UnknownArgumentError", "reject_unknown_keywords"]

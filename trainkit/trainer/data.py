@@ -6,6 +6,7 @@ processes. Batches may be dicts (transformers style) or tuples/lists (plain nn.M
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Mapping
@@ -199,3 +200,32 @@ def tokens_in(inputs: Any, main_input_name: str, non_padding: bool) -> int | tor
         return inputs["attention_mask"].sum()
     main = inputs.get(main_input_name)
     return main.numel() if isinstance(main, torch.Tensor) else 0
+
+
+def unprepared_loader(trainer: Any, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool, sampler: Any,
+                      description: str) -> torch.utils.data.DataLoader:
+    """The Trainer's DataLoader for ``dataset`` before the engine prepares it: ``sampler`` (default: shuffled or in
+    order), the collator (dropping unknown columns of a stream), the ``dataloader_*`` fields; a shuffled map-style
+    loader's workers seeded with transformers' ``seed_worker`` (from the pass's base seed and the rank)."""
+    from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+
+    args = trainer.args
+    iterable = isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
+    if sampler is None and not iterable:
+        sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
+    workers = args.dataloader_num_workers
+    worker_init_fn = None
+    if shuffle and not iterable:
+        from transformers.trainer_utils import seed_worker
+
+        worker_init_fn = functools.partial(seed_worker, num_workers=workers, rank=args.process_index)
+    wanted = args.remove_unused_columns and accepted_columns(trainer.model, trainer.label_names)
+    collate_fn = collator_dropping_unknown_columns(trainer.data_collator, dataset, wanted, description)
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last,
+        num_workers=workers, pin_memory=args.dataloader_pin_memory and torch.cuda.is_available(),
+        persistent_workers=args.dataloader_persistent_workers if workers else False,
+        prefetch_factor=args.dataloader_prefetch_factor if workers else None,
+        multiprocessing_context=args.dataloader_multiprocessing_context, in_order=args.dataloader_in_order,
+        worker_init_fn=worker_init_fn,
+    )

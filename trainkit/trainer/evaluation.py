@@ -181,6 +181,9 @@ def evaluation_loop(trainer: EvaluatedTrainer, dataloader: Any, description: str
     prediction_loss_only = args.prediction_loss_only if prediction_loss_only is None else prediction_loss_only
     model = trainer.model_wrapped
     model.eval()
+    optimizer_eval = getattr(getattr(trainer, "optimizer", None), "eval", None)
+    if callable(optimizer_eval):  # schedule-free optimizers: evaluate their averaged weights
+        optimizer_eval()
     logger.debug("Running %s", description)
     trainer.callback_handler.eval_dataloader = dataloader
     results = _GatheredResults(args.eval_accumulation_steps, concat=args.eval_do_concat_batches,

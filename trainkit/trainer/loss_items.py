@@ -154,6 +154,7 @@ def set_policy(trainer: Any, model: nn.Module) -> None:
     trainer._loss_uses_num_items = loss_uses_num_items(model)
     trainer._loss_shifts_labels = loss_shifts_labels(model)
     trainer._window_loss_is_share = False
+    trainer.current_gradient_accumulation_steps = 1  # transformers' attribute: micro-batches in the current window
 
 
 def open_window(trainer: Any, window: Sequence[Any], count: torch.Tensor | None) -> bool:

@@ -54,9 +54,10 @@ def _apply_warmup_ratio(args: Any, notice: Any) -> None:
 
 
 def _apply_group_by_length(args: Any, notice: Any) -> None:
-    if not args.group_by_length:
-        return
     strategy = getattr(args.train_sampling_strategy, "value", args.train_sampling_strategy)
+    if not args.group_by_length:
+        args.group_by_length = strategy == "group_by_length"  # both spellings read alike, as in transformers 5.1
+        return
     if strategy not in (DEFAULT_SAMPLING, "group_by_length"):
         raise ConfigError(f"{WHERE}: group_by_length=True and train_sampling_strategy={strategy!r} name one setting "
                           "with two values; set only train_sampling_strategy (group_by_length=True is "

@@ -1,85 +1,237 @@
 """Optimizers and learning-rate schedules named by TrainingArguments (``optim``, ``lr_scheduler_type``).
 
-Weight decay follows transformers: it is not applied to biases nor to the weights of normalisation layers.
-Schedules are transformers' own (``get_scheduler``), imported only when a schedule is built.
+Every ``optim`` name is resolved by the installed transformers itself: its public static
+``Trainer.get_optimizer_cls_and_kwargs(args, model)`` gives the class and keyword arguments, so each name
+means what it means in that release (its ``optim_args`` keys, its packages, its defaults). Parameter groups
+follow transformers' ``get_decay_parameter_names`` (no decay on biases and normalisation weights). What the
+resolution cannot tell before a run is checked at construction (:func:`check_optimizer_name`): a name whose
+package is missing is refused naming it, and a name that needs hardware this machine lacks says which.
+Schedules are transformers' own ``get_scheduler``.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from trainkit.config.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
-
-def _is_normalisation(module: nn.Module) -> bool:
-    # LayerNorm, RMSNorm, GroupNorm, BatchNorm* and the many model-specific *Norm classes (LlamaRMSNorm, ...).
-    return isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase)) or "Norm" in type(module).__name__
-
-
-def decay_parameter_names(model: nn.Module) -> set[str]:
-    """Names of the parameters that receive weight decay: all but biases and normalisation weights."""
-    excluded: set[str] = set()
-    for module_name, module in model.named_modules():
-        if _is_normalisation(module):
-            excluded.update(f"{module_name}.{n}" if module_name else n for n, _ in module.named_parameters(recurse=False))
-    return {
-        name
-        for name, _ in model.named_parameters()
-        if name not in excluded and not name.endswith("bias")
-    }
+# Names whose optimizer runs on one kind of hardware only, measured on a CPU-only machine with their packages
+# installed (docs/trainer.md's optimizer table): construction refuses them elsewhere, saying what they need.
+HARDWARE_ONLY: dict[str, tuple[str, Callable[[], bool]]] = {
+    "adamw_torch_xla": ("a TPU (torch_xla)", lambda: _importable("torch_xla")),
+    "adamw_torch_npu_fused": ("an Ascend NPU (torch_npu)", lambda: _importable("torch_npu")),
+    "adalomo": ("a CUDA GPU (lomo-optim's AdaLomo allocates its state with .cuda())", torch.cuda.is_available),
+    "galore_adamw_8bit": ("a CUDA GPU (galore-torch's 8-bit AdamW synchronises CUDA in its step)",
+                          torch.cuda.is_available),
+    "galore_adamw_8bit_layerwise": ("a CUDA GPU (galore-torch's 8-bit AdamW synchronises CUDA in its step)",
+                                    torch.cuda.is_available),
+}
+LOMO_NAMES = ("lomo", "adalomo")
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two groups of trainable parameters: with ``weight_decay`` and without; empty groups are left out."""
-    decayed = decay_parameter_names(model)
-    with_decay: list[nn.Parameter] = []
-    without_decay: list[nn.Parameter] = []
-    for name, parameter in model.named_parameters():
-        if parameter.requires_grad:
-            (with_decay if name in decayed else without_decay).append(parameter)
-    groups = [{"params": with_decay, "weight_decay": weight_decay}, {"params": without_decay, "weight_decay": 0.0}]
-    return [group for group in groups if group["params"]]
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
-def build_optimizer(model: nn.Module, args) -> torch.optim.Optimizer:
-    """The optimizer ``args.optim`` names, over ``model``'s trainable parameters (call after the engine wrapped it)."""
-    groups = parameter_groups(model, args.weight_decay)
-    extra = args.optimizer_extra_kwargs
-    adam: dict[str, Any] = {"lr": args.learning_rate, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
-    if args.optim in ("adamw_torch", "adamw_torch_fused"):
-        fused = args.optim == "adamw_torch_fused" and _fused_supported(groups)
-        if args.optim == "adamw_torch_fused" and not fused:
-            logger.info("Fused AdamW is not available for these parameters; using the foreach implementation.")
-        fused_flag: dict[str, Any] = {"fused": True} if fused else {}
-        return torch.optim.AdamW(groups, **adam, **fused_flag, **extra)
-    if args.optim == "sgd":
-        return torch.optim.SGD(groups, lr=args.learning_rate, **extra)
-    if args.optim == "adafactor":
-        from transformers.optimization import Adafactor
+def optimizer_names() -> list[str]:
+    """Every ``optim`` value the installed transformers defines (its ``OptimizerNames``)."""
+    from transformers.training_args import OptimizerNames
 
-        settings = {"scale_parameter": False, "relative_step": False, "lr": args.learning_rate}
-        settings.update(extra)
-        return Adafactor(groups, **settings)
-    raise ValueError(f"Unsupported optim {args.optim!r}")  # unreachable: TrainingArguments validated it
+    return [name.value for name in OptimizerNames]
 
 
-def _fused_supported(groups: list[dict[str, Any]]) -> bool:
-    # Fused AdamW runs on CPU and CUDA floating-point tensors (torch >= 2.4); DTensor shards are fine too.
-    for group in groups:
-        for parameter in group["params"]:
-            if parameter.device.type not in ("cpu", "cuda", "xpu", "mps") or not parameter.is_floating_point():
-                return False
-    return True
+class _ResolverArguments:
+    """trainkit's arguments as transformers' resolver reads them: ``optim`` as its ``OptimizerNames`` member
+    (its handlers are keyed by the enum), every other attribute read through."""
+
+    def __init__(self, args: Any, optim_args: str | None) -> None:
+        from transformers.training_args import OptimizerNames
+
+        self._args = args
+        self.optim = OptimizerNames(args.optim)
+        self.optim_args = optim_args
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._args, name)
+
+
+def optimizer_cls_and_kwargs(args: Any, model: nn.Module | None = None,
+                             optim_args: str | None | bool = True) -> tuple[Any, dict[str, Any]]:
+    """transformers' ``Trainer.get_optimizer_cls_and_kwargs`` for trainkit's ``args`` (``optim_args=True``: the
+    arguments' own; a string or None: that instead, used to find which keys a name reads)."""
+    from transformers import Trainer as TransformersTrainer
+
+    view = _ResolverArguments(args, args.optim_args if optim_args is True else optim_args or None)
+    optimizer_cls, kwargs = TransformersTrainer.get_optimizer_cls_and_kwargs(view, model)  # type: ignore[arg-type]
+    if kwargs.get("fused") and "params" not in kwargs and model is not None and not _fused_supported(model):
+        logger.info("Fused AdamW is not available for these parameters; using the foreach implementation.")
+        kwargs = {key: value for key, value in kwargs.items() if key != "fused"}
+    return optimizer_cls, kwargs
+
+
+def check_optimizer_name(args: Any) -> None:
+    """At construction: the name's package and hardware are here, and every ``optim_args`` key is read.
+
+    Resolved without the model: names that need it (LOMO, GaLore, APOLLO) are finished by ``create_optimizer``.
+    """
+    name = args.optim
+    keys = _parsed_optim_args(args.optim_args)  # a malformed string fails here, before transformers' parser does
+    if name in HARDWARE_ONLY:
+        needs, present = HARDWARE_ONLY[name]
+        if not present():
+            raise ConfigError(f"optim={name!r} in TrainingArguments needs {needs}, which this machine does not have.")
+    try:
+        resolved = optimizer_cls_and_kwargs(args)
+    except ImportError as error:  # transformers' message names the package (and how to install it)
+        raise ConfigError(f"optim={name!r} in TrainingArguments needs a package that is not installed: {error}") from None
+    except ValueError as error:
+        message = str(error)
+        if "model" in message:  # the name is fine; it needs the model, which create_optimizer passes
+            return
+        if "install" in message:  # transformers says so with a ValueError for some names (apex, torchdistx, ...)
+            raise ConfigError(f"optim={name!r} in TrainingArguments needs a package that is not installed: "
+                              f"{message}") from None
+        raise ConfigError(f"optim={name!r} in TrainingArguments cannot be used here: {message}") from None
+    unread = [key for key in keys
+              if _same_resolution(resolved, optimizer_cls_and_kwargs(args, optim_args=_without(args.optim_args, key)))]
+    if unread:
+        logger.warning("optim_args keys %s are not read by optim=%r (transformers' resolution of that name ignores "
+                       "them); they have no effect.", unread, name)
+
+
+def _parsed_optim_args(optim_args: str | None) -> list[str]:
+    if not optim_args:
+        return []
+    keys = []
+    for pair in optim_args.replace(" ", "").split(","):
+        if pair.count("=") != 1:
+            raise ConfigError(f"optim_args={optim_args!r} in TrainingArguments: expected 'key=value,key=value'.")
+        keys.append(pair.split("=", 1)[0])
+    return keys
+
+
+def _without(optim_args: str, key: str) -> str:
+    return ",".join(pair for pair in optim_args.replace(" ", "").split(",") if pair.split("=", 1)[0] != key)
+
+
+def _same_resolution(first: tuple[Any, dict[str, Any]], second: tuple[Any, dict[str, Any]]) -> bool:
+    return first[0] is second[0] and first[1] == second[1]
+
+
+def decay_parameter_names(model: nn.Module) -> list[str]:
+    """transformers' rule (its ``Trainer.get_decay_parameter_names``, called as it is): every parameter but
+    biases, ``nn.LayerNorm`` weights and parameters whose names say norm (layernorm, rmsnorm, .norm, _norm)."""
+    from transformers import Trainer as TransformersTrainer
+
+    return TransformersTrainer.get_decay_parameter_names(None, model)  # type: ignore[arg-type]  # self unused
+
+
+def parameter_groups(model: nn.Module, decay_names: list[str] | set[str], weight_decay: float) -> list[dict[str, Any]]:
+    """transformers' two groups of trainable parameters, with and without ``weight_decay`` (kept when empty, so
+    optimizer states have transformers' layout)."""
+    decayed = set(decay_names)
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    return [{"params": [p for name, p in named if name in decayed], "weight_decay": weight_decay},
+            {"params": [p for name, p in named if name not in decayed], "weight_decay": 0.0}]
+
+
+def instantiate_optimizer(optimizer_cls: Any, kwargs: dict[str, Any], groups: list[dict[str, Any]],
+                          model: nn.Module) -> torch.optim.Optimizer:
+    """Build the optimizer as transformers' ``create_optimizer`` does: a factory (Muon, Dion) is called with the
+    model; otherwise the class gets the groups, or what the resolver put in their place (GaLore/APOLLO's
+    ``params``, LOMO's ``model``, the layer-wise ``optimizer_dict``)."""
+    kwargs = dict(kwargs)
+    if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls, torch.optim.Optimizer)):
+        return optimizer_cls()(model, **kwargs)
+    target: Any = groups
+    for replacement in ("params", "model", "optimizer_dict"):
+        if replacement in kwargs:
+            target = kwargs.pop(replacement)
+    return optimizer_cls(target, **kwargs)
+
+
+def create_optimizer(trainer: Any, model: nn.Module) -> torch.optim.Optimizer:
+    """``Trainer.create_optimizer``'s body: ``optimizer_cls_and_kwargs`` > a DeepSpeed config's optimizer >
+    ``trainer.get_optimizer_cls_and_kwargs(args, model)``, over transformers' decay groups of ``model``."""
+    from .deepspeed import optimizer_from_config
+
+    args = trainer.args
+    groups = parameter_groups(model, trainer.get_decay_parameter_names(model), args.weight_decay)
+    if trainer.optimizer_cls_and_kwargs is not None:
+        optimizer_cls, kwargs = trainer.optimizer_cls_and_kwargs
+    else:
+        from_config = optimizer_from_config(trainer._deepspeed, [g for g in groups if g["params"]], args)
+        if from_config is not None:
+            return from_config
+        optimizer_cls, kwargs = trainer.get_optimizer_cls_and_kwargs(args, model)
+    optimizer = instantiate_optimizer(optimizer_cls, kwargs, groups, model)
+    if "bitsandbytes" in str(optimizer_cls) and kwargs.get("optim_bits") == 8:
+        _embeddings_in_32_bits(model)
+    return optimizer
+
+
+def _embeddings_in_32_bits(model: nn.Module) -> None:
+    # As transformers does for 8-bit bitsandbytes optimizers: embeddings keep 32-bit optimizer states.
+    import importlib
+
+    manager = importlib.import_module("bitsandbytes").optim.GlobalOptimManager.get_instance()
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            manager.register_module_override(module, "weight", {"optim_bits": 32})
+
+
+def optimizer_group(trainer: Any, param: str | nn.Parameter | None = None):
+    """transformers' ``get_optimizer_group``: the param group holding ``param`` (a parameter, or its name in the
+    Trainer's model), else every group's parameters. Matched by identity: transformers' ``param in params``
+    compares tensors by value, which raises for any parameter but a group's first."""
+    if trainer.optimizer is None:
+        raise ValueError("get_optimizer_group() needs the optimizer: call create_optimizer() first.")
+    if isinstance(param, str):
+        param = dict(trainer.model.named_parameters()).get(param)
+    if param is not None:
+        for group in trainer.optimizer.param_groups:
+            if any(p is param for p in group["params"]):
+                return group
+    return [group["params"] for group in trainer.optimizer.param_groups]
+
+
+def backward_kwargs(optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """What ``Accelerator.backward`` needs besides the loss: a LOMO optimizer steps inside backward, at the
+    schedule's current rate (as transformers passes it); nothing for every other optimizer."""
+    if not is_lomo(optimizer):
+        return {}
+    from .meter import current_learning_rate
+
+    return {"learning_rate": current_learning_rate(scheduler, optimizer)}
+
+
+def _fused_supported(model: nn.Module) -> bool:
+    # Fused AdamW runs on CPU and accelerator floating-point tensors (torch >= 2.4); DTensor shards are fine too.
+    return all(p.device.type in ("cpu", "cuda", "xpu", "mps") and p.is_floating_point()
+               for p in model.parameters() if p.requires_grad)
+
+
+def is_lomo(optimizer: Any) -> bool:
+    """A LOMO optimizer (``lomo``/``adalomo``): it updates the weights inside backward (``fused_backward``)."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return callable(getattr(inner, "fused_backward", None))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, args, num_training_steps: int):
     """transformers' schedule ``args.lr_scheduler_type`` over ``num_training_steps`` optimizer steps."""
     from transformers.optimization import get_scheduler
 
+    if type(optimizer).__name__ == "LayerWiseDummyOptimizer":
+        optimizer = _LayerWiseAsScheduled(optimizer)
     return get_scheduler(
         args.lr_scheduler_type,
         optimizer=optimizer,
@@ -87,3 +239,24 @@ def build_scheduler(optimizer: torch.optim.Optimizer, args, num_training_steps: 
         num_training_steps=num_training_steps,
         scheduler_specific_kwargs=dict(args.lr_scheduler_kwargs or {}),
     )
+
+
+class _LayerWiseAsScheduled(torch.optim.Optimizer):
+    """A layer-wise optimizer (GaLore/APOLLO ``*_layerwise``) as transformers' Trainer hands it to ``get_scheduler``:
+    already wrapped by Accelerate, so the schedule is built over the placeholder's one group (the layers' own
+    optimizers keep the base rate; transformers' per-layer schedules are not attached under its Trainer)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:  # Optimizer.__init__ deliberately not called
+        self.optimizer = optimizer
+        self.defaults = optimizer.defaults
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.optimizer.param_groups = value
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        """Nothing: the layers step in their gradient hooks."""

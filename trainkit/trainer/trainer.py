@@ -19,21 +19,21 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader
 
-from . import hub, loss_items, wiring
+from . import hub, hyperparameter_search as hp_search, loss_items, optim, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState)
 from .checkpointing import files as checkpoints, preemption, resume
 from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
-from .data import (ItemCounter, accepted_columns, call_model, collator_dropping_unknown_columns, default_collator,
-                   default_label_names, loss_from_outputs, remove_unused_columns, samples_in, split_loss, tokens_in)
+from .data import (ItemCounter, call_model, default_collator, default_label_names, loss_from_outputs,
+                   remove_unused_columns, samples_in, split_loss, tokens_in, unprepared_loader)
 from .evaluation import EvalLoopOutput, PredictionOutput, evaluation_loop as run_evaluation_loop, speed_metrics
 from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
-from .deepspeed import optimizer_from_config, scheduler_from_config
-from .optim import build_optimizer, build_scheduler, parameter_groups
+from .deepspeed import scheduler_from_config
+from .optim import build_scheduler
 from .plan import TrainingPlan, length_or_none, loader_epoch, training_plan, window_sizes
 
 logger = logging.getLogger(__name__)
@@ -47,13 +47,14 @@ class TrainOutput(NamedTuple):
     metrics: dict[str, float]
 
 
-class Trainer:
+class Trainer(hp_search.HyperparameterSearchMethods):
     """Train, evaluate and predict with a model on one or many processes (see docs/trainer.md).
 
     Args follow transformers' Trainer: ``model`` (or ``model_init``), ``args``, ``data_collator``,
     ``train_dataset``, ``eval_dataset`` (or a dict of them), ``processing_class``, ``compute_loss_func``,
     ``compute_metrics``, ``callbacks``, ``optimizers=(optimizer, scheduler)``,
-    ``optimizer_cls_and_kwargs`` and ``preprocess_logits_for_metrics``.
+    ``optimizer_cls_and_kwargs`` and ``preprocess_logits_for_metrics``. ``hyperparameter_search`` and its
+    hooks come from :class:`~trainkit.trainer.hyperparameter_search.HyperparameterSearchMethods`.
     """
 
     model_accepts_loss_kwargs: bool
@@ -87,11 +88,11 @@ class Trainer:
             from .hub import HubUploader
 
             self.hub = HubUploader(self.args)  # fails here, before any training, when the Hub is unreachable
+        self.model_init = model_init
         if model is None:
             if model_init is None:
                 raise ValueError("Trainer needs a model or a model_init function.")
-            model = model_init()
-        self.model_init = model_init
+            model = self.call_model_init()
         self.model = self.model_wrapped = model
         self._model_prepared = False
         self.processing_class = processing_class
@@ -105,7 +106,6 @@ class Trainer:
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
         loss_items.set_policy(self, model)  # model_accepts_loss_kwargs & co., as transformers decides them
-        self.current_gradient_accumulation_steps = 1
         self._num_parameters = flops_parameters(model)
         self._eval_dataloaders: dict[Any, DataLoader] = {}
         self._last_grad_norm: torch.Tensor | None = None
@@ -176,23 +176,7 @@ class Trainer:
 
     def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool, sampler: Any = None,
                     description: str = "data") -> DataLoader:
-        args = self.args
-        iterable = isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
-        if sampler is None and not iterable:
-            sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
-        workers = args.dataloader_num_workers
-        # transformers seeds a training loader's workers from the pass's base seed and the rank (seed_worker).
-        worker_init_fn = wiring.training_worker_init(args) if shuffle and not iterable else None
-        wanted = args.remove_unused_columns and accepted_columns(self.model, self.label_names)
-        collate_fn = collator_dropping_unknown_columns(self.data_collator, dataset, wanted, description)
-        loader = DataLoader(
-            dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last,
-            num_workers=workers, pin_memory=args.dataloader_pin_memory and torch.cuda.is_available(),
-            persistent_workers=args.dataloader_persistent_workers if workers else False,
-            prefetch_factor=args.dataloader_prefetch_factor if workers else None,
-            multiprocessing_context=args.dataloader_multiprocessing_context, in_order=args.dataloader_in_order,
-            worker_init_fn=worker_init_fn,
-        )
+        loader = unprepared_loader(self, dataset, batch_size, shuffle, drop_last, sampler, description)
         return self.accelerator.prepare(loader)
 
     def get_train_dataloader(self) -> DataLoader:
@@ -232,17 +216,27 @@ class Trainer:
 
     # ------------------------------------------------------------------ optimizer and schedule
 
-    def create_optimizer(self) -> torch.optim.Optimizer:
-        """The optimizer ``args.optim`` names (or ``optimizer_cls_and_kwargs``), unless one was given."""
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """The optimizer ``optimizer_cls_and_kwargs``, a DeepSpeed config or ``args.optim`` names, over ``model``
+        (default: the Trainer's), unless one was given; ``args.optim`` is resolved by the installed transformers
+        (:meth:`get_optimizer_cls_and_kwargs`)."""
         if self.optimizer is None:
-            if self.optimizer_cls_and_kwargs is not None:
-                optimizer_cls, kwargs = self.optimizer_cls_and_kwargs
-                self.optimizer = optimizer_cls(parameter_groups(self.model, self.args.weight_decay), **kwargs)
-            else:
-                groups = parameter_groups(self.model, self.args.weight_decay)
-                self.optimizer = (optimizer_from_config(self._deepspeed, groups, self.args)
-                                  or build_optimizer(self.model, self.args))
+            self.optimizer = optim.create_optimizer(self, self.model if model is None else model)
         return self.optimizer
+
+    @staticmethod
+    def get_optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None) -> tuple[Any, Any]:
+        """The optimizer class and keyword arguments ``args.optim`` names, as the installed transformers'
+        ``Trainer.get_optimizer_cls_and_kwargs`` resolves them (its own code; see trainer/optim.py)."""
+        return optim.optimizer_cls_and_kwargs(args, model)
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Names of the parameters weight decay applies to (transformers' rule: not biases nor norm weights)."""
+        return optim.decay_parameter_names(model)
+
+    def get_optimizer_group(self, param: str | nn.Parameter | None = None):
+        """The optimizer's param group holding ``param``, or every group's parameters (as transformers')."""
+        return optim.optimizer_group(self, param)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         """The ``args.lr_scheduler_type`` schedule over ``num_training_steps`` steps, unless one was given."""
@@ -287,6 +281,7 @@ class Trainer:
               ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
         """Train for ``max_steps`` or ``num_train_epochs``; resume from a checkpoint folder, or the latest with True
         (and, after a torchelastic restart, from the latest by itself unless told False)."""
+        hp_search.start_trial(self, trial)  # a trial's fresh model, arguments and engine (hyperparameter_search)
         run = functools.partial(self._train_once, resume_from_checkpoint, ignore_keys_for_eval)
         self.is_in_train = True
         self._memory_tracker.start()
@@ -310,6 +305,7 @@ class Trainer:
                                   is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         self.state.compute_steps(self.args, plan.max_steps)
+        hp_search.describe_trial(self)
         start_at = self._resume(resume_from_checkpoint, train_dataloader, plan) if resume_from_checkpoint else resume.START
         with preemption.watching(self):  # SIGTERM & co.: every rank saves one checkpoint, exits 75
             return self._training_loop(train_dataloader, plan, start_at, ignore_keys_for_eval)
@@ -401,9 +397,11 @@ class Trainer:
         (see trainer/loss_items.py). The engine's ``backward`` turns that share into gradients of the window's
         loss, whatever the strategy's reduction.
         """
+        if callable(getattr(self.optimizer, "train", None)):  # schedule-free optimizers: train mode (as transformers)
+            self.optimizer.train()
         loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         loss = loss_items.window_share(self, loss, inputs, num_items_in_batch)
-        self.accelerator.backward(loss)
+        self.accelerator.backward(loss, **optim.backward_kwargs(self.optimizer, self.lr_scheduler))
         return loss.detach()
 
     def compute_loss(self, model: nn.Module, inputs: Any, return_outputs: bool = False,
@@ -494,6 +492,7 @@ class Trainer:
 
     def _evaluate_during_training(self, ignore_keys_for_eval) -> dict[str, float]:
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        self._report_to_hp_search(self._trial, self.state.global_step, metrics)  # may prune the trial
         name = self.args.metric_for_best_model
         if name is not None:
             key = name if name.startswith("eval_") else f"eval_{name}"
@@ -565,8 +564,9 @@ class Trainer:
     def prediction_step(self, model: nn.Module, inputs: Any, prediction_loss_only: bool,
                         ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
         """(loss, predictions, labels) of one batch, without gradients."""
-        if ignore_keys is None:
-            ignore_keys = list(getattr(getattr(self.model, "config", None), "keys_to_ignore_at_inference", None) or [])
+        if ignore_keys is None:  # transformers' default: the model's cache output (named "cache" from 5.24 on)
+            config = getattr(self.model, "config", None)
+            ignore_keys = [] if config is None else list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values", "cache"]))
         is_dict = isinstance(inputs, Mapping)
         has_labels = is_dict and all(inputs.get(name) is not None for name in self.label_names)
         labels = None

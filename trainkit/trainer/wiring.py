@@ -9,7 +9,6 @@ NEFTune, Liger, ``debug``), ``label_smoothed_loss``, ``seed_run`` (``full_determ
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 from collections.abc import Callable, Mapping
@@ -42,8 +41,8 @@ def engine_options(args: Any) -> dict[str, Any]:
     data_config = DataLoaderConfiguration(data_seed=args.data_seed, use_stateful_dataloader=True,
                                           use_seedable_sampler=True)
     for key, value in args.accelerator_config.items():
-        if key == "use_configured_state":
-            continue  # trainkit always reuses the process's existing state: what True asks for
+        if key in ("use_configured_state", "gradient_accumulation_kwargs"):
+            continue  # trainkit always reuses the process's existing state; the Trainer accumulates itself
         if not hasattr(data_config, key):
             raise ValueError(f"accelerator_config[{key!r}] is not supported by this trainkit engine's DataLoaderConfiguration.")
         setattr(data_config, key, value)
@@ -86,13 +85,6 @@ class LengthGroupedPassSampler(torch.utils.data.Sampler):
             self.draw_pass_order(torch.default_generator)
         order, self._order = self._order, None
         return iter(order)
-
-
-def training_worker_init(args: Any) -> Callable[[int], None]:
-    """transformers' worker seeding for training loaders: each worker's seed from the pass's base seed and the rank."""
-    from transformers.trainer_utils import seed_worker
-
-    return functools.partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index)
 
 
 def _lengths_and_input_name(trainer: Any, dataset: Any) -> tuple[Any, str | None]:

@@ -83,7 +83,8 @@ globals().update(_CONSTANTS)
 
 _LAZY = {
     "FullyShardedDataParallelPlugin": "trainkit.engine.strategies.fsdp.plugin",
-    "ParallelismConfig": "trainkit.config.parallelism",
+    **{name: "trainkit.config.parallelism" for name in (
+        "ParallelismConfig", "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig")},
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "skip_first_batches": "trainkit.data_loader",

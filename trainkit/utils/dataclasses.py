@@ -188,9 +188,20 @@ class GradientAccumulationPlugin(KwargsHandler):
 
 
 class _AbsentFeature:
-    """Base of the names of features trainkit does not drive: constructing one raises, saying why."""
+    """Base of the names of features trainkit does not drive: constructing one raises, saying why; each subclass
+    carries Accelerate's parameters (``trainkit.utils.unsupported.ACCELERATE_SIGNATURES``) for introspection."""
 
     reason = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        from trainkit.utils.unsupported import accelerate_signature
+
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            _AbsentFeature.__init__(self)
+
+        __init__.__signature__ = accelerate_signature(cls.__name__, method=True)  # type: ignore[attr-defined]
+        cls.__init__ = __init__  # type: ignore[method-assign]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         from trainkit.utils.unsupported import NOT_DRIVEN
@@ -229,6 +240,9 @@ class AORecipeKwargs(FP8RecipeKwargs):
     """torchao fp8 recipe (see :class:`FP8RecipeKwargs`)."""
 
 
+MODEL_CONFIGS_TO_MEGATRON_PARSERS: dict[str, Any] = {}
+"""Accelerate's registry of Megatron-LM model-config parsers; empty, as trainkit does not drive Megatron-LM."""
+
 EnumWithContains = _ContainsByValue
 """Accelerate's name for the enum metaclass that makes ``"value" in SomeEnum`` work."""
 BaseEnum = ListableEnum
@@ -253,6 +267,8 @@ _ELSEWHERE = {
     "TensorInformation": "trainkit.utils.structures",
     "TorchDynamoPlugin": "trainkit.config.dynamo",
     "DeepSpeedPlugin": "trainkit.config.deepspeed",
+    "TorchContextParallelConfig": "trainkit.config.parallelism",
+    "DeepSpeedSequenceParallelConfig": "trainkit.config.parallelism",
     "FullyShardedDataParallelPlugin": "trainkit.engine.strategies.fsdp.plugin",
 }
 

@@ -1,13 +1,18 @@
 """Accelerate's names for features trainkit does not drive: they exist, and using one says why it cannot run.
 
 ``NOT_DRIVEN`` maps each name to the reason; :func:`refusing_function` and :func:`refusing_class` build the
-placeholder that raises ``NotImplementedError`` with that reason when called or constructed. Availability
+placeholder that raises ``NotImplementedError`` with that reason when called or constructed, and carries
+Accelerate's parameters (``ACCELERATE_SIGNATURES``: names, kinds and defaults), so a call written for Accelerate
+reaches the refusal, not a ``TypeError``, and introspection sees Accelerate's signature
+(tests/engine/test_accelerate_signatures.py compares them with the installed Accelerate). Availability
 predicates (``is_npu_available()``...) are not here: they answer False, as Accelerate does on a machine
 without that hardware.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 from typing import Any, NoReturn
 
 NOT_DRIVEN: dict[str, str] = {}
@@ -19,8 +24,8 @@ _FP8 = ("trainkit does not drive FP8 training (Transformer Engine, MS-AMP, torch
 _BNB = "trainkit does not quantize models with bitsandbytes (load them quantized with transformers instead)"
 _BIG_MODEL = ("trainkit does not do big-model inference (device maps, CPU/disk offload and dispatch); "
               "load and dispatch the model with transformers' device_map before or instead of trainkit")
-_PARALLELISM = ("trainkit does not drive context or sequence parallelism; tensor parallelism is set with "
-                "trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin objects; docs/parallelism.md)")
+_PARALLELISM = ("tensor parallelism is set with trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin "
+                "objects; docs/parallelism.md)")
 _SAGEMAKER = "trainkit does not launch on Amazon SageMaker"
 _PIPPY = "trainkit does not drive pipeline-parallel inference (PiPPy)"
 _LAUNCH = ("this is a helper of `accelerate launch`; trainkit's launcher (`trainkit launch`) builds its own "
@@ -48,8 +53,7 @@ NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "align_module_device", "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
     "check_tied_parameters_in_config", "get_mixed_precision_context_manager", "set_module_tensor_to_device")})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
-    "TorchTensorParallelPlugin", "TorchTensorParallelConfig", "TorchContextParallelConfig",
-    "DeepSpeedSequenceParallelConfig", "get_model_tp_size")})
+    "TorchTensorParallelPlugin", "TorchTensorParallelConfig", "get_model_tp_size")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
 NOT_DRIVEN.update({name: _PIPPY for name in ("prepare_pippy",)})
 NOT_DRIVEN.update({name: _LAUNCH for name in (
@@ -71,6 +75,185 @@ NOT_DRIVEN.update({
                          "and pass an instance in log_with (or register it with register_tracker_class)"
     for product in ("Aim", "ClearML", "CometML", "DVCLive", "SwanLab", "Trackio")})
 
+# Accelerate's parameters of each name above (annotations left out). write_basic_config's save_location defaults to
+# a path under the machine's Hugging Face cache in Accelerate; here to None (the call is refused before any use).
+ACCELERATE_SIGNATURES: dict[str, str] = {
+    "AORecipeKwargs": "config=None, module_filter_func=None, pad_inner_dim=None, enable_fsdp_float8_all_gather=None",
+    "AbstractTrainStep": "name",
+    "AimTracker": "run_name, logging_dir='.', **kwargs",
+    "BertTrainStep": "accelerator, args",
+    "BnbQuantizationConfig": (
+        "load_in_8bit=False, llm_int8_threshold=6.0, load_in_4bit=False, bnb_4bit_quant_type='fp4', "
+        "bnb_4bit_use_double_quant=False, bnb_4bit_compute_dtype='fp16', torch_dtype=None, skip_modules=None,"
+        " keep_in_fp32_modules=None"
+    ),
+    "ClearMLTracker": "run_name=None, **kwargs",
+    "CometMLTracker": "run_name, **kwargs",
+    "DVCLiveTracker": "run_name=None, live=None, **kwargs",
+    "DeepSpeedSequenceParallelConfig": (
+        "sp_seq_length=None, sp_seq_length_is_variable=None, sp_attn_implementation=None"
+    ),
+    "FP8RecipeKwargs": (
+        "opt_level=None, use_autocast_during_eval=None, margin=None, interval=None, fp8_format=None, "
+        "amax_history_len=None, amax_compute_algo=None, override_linear_precision=None, "
+        "use_mxfp8_block_scaling=None, backend=None"
+    ),
+    "GPTTrainStep": "accelerator, args",
+    "MSAMPRecipeKwargs": "opt_level=None",
+    "MegatronLMDummyDataLoader": "**dataset_kwargs",
+    "MegatronLMDummyScheduler": "optimizer, total_num_steps=None, warmup_num_steps=0, **kwargs",
+    "MegatronLMPlugin": (
+        "tp_degree=None, pp_degree=None, use_custom_fsdp=None, overlap_cpu_optimizer_d2h_h2d=None, "
+        "no_load_optim=None, eod_mask_loss=None, no_save_optim=None, optimizer_cpu_offload=None, "
+        "use_precision_aware_optimizer=None, decoder_last_pipeline_num_layers=None, "
+        "recompute_granularity=None, recompute_method=None, recompute_num_layers=None, "
+        "attention_backend=None, expert_model_parallel_size=None, context_parallel_size=None, "
+        "attention_dropout=None, hidden_dropout=None, attention_softmax_in_fp32=None, "
+        "expert_tensor_parallel_size=None, calculate_per_token_loss=None, "
+        "use_rotary_position_embeddings=None, num_micro_batches=None, gradient_clipping=None, "
+        "sequence_parallelism=None, recompute_activations=None, use_distributed_optimizer=None, "
+        "pipeline_model_parallel_split_rank=None, num_layers_per_virtual_pipeline_stage=None, "
+        "is_train_batch_min=True, train_iters=None, train_samples=None, weight_decay_incr_style='constant', "
+        "start_weight_decay=None, end_weight_decay=None, lr_decay_style='linear', lr_decay_iters=None, "
+        "lr_decay_samples=None, lr_warmup_iters=None, lr_warmup_samples=None, lr_warmup_fraction=None, "
+        "min_lr=0, consumed_samples=None, no_wd_decay_cond=None, scale_lr_cond=None, lr_mult=1.0, "
+        "megatron_dataset_flag=False, seq_length=None, encoder_seq_length=None, decoder_seq_length=None, "
+        "tensorboard_dir=None, set_all_logging_options=False, eval_iters=100, eval_interval=1000, "
+        "return_logits=False, custom_train_step_class=None, custom_train_step_kwargs=None, "
+        "custom_model_provider_function=None, custom_prepare_model_function=None, "
+        "custom_megatron_datasets_provider_function=None, custom_get_batch_function=None, "
+        "custom_loss_function=None, other_megatron_args=None"
+    ),
+    "OffloadedWeightsLoader": "state_dict=None, save_folder=None, index=None, device=None",
+    "PrefixedDataset": "dataset, prefix",
+    "PrepareForLaunch": "launcher, distributed_type='NO', debug=False",
+    "SwanLabTracker": "run_name, **kwargs",
+    "T5TrainStep": "accelerator, args",
+    "TERecipeKwargs": (
+        "use_autocast_during_eval=None, margin=None, interval=None, fp8_format=None, amax_history_len=None, "
+        "amax_compute_algo=None, override_linear_precision=None, use_mxfp8_block_scaling=None"
+    ),
+    "TorchContextParallelConfig": "cp_comm_strategy=None",
+    "TorchTensorParallelConfig": "enable_async_tp=False",
+    "TorchTensorParallelPlugin": "tp_size=1, torch_device_mesh=None",
+    "TrackioTracker": "run_name, **kwargs",
+    "add_model_config_to_megatron_parser": "model_type",
+    "align_module_device": "module, execution_device=None",
+    "apply_fp8_autowrap": "model, fp8_recipe_handler",
+    "avg_losses_across_data_parallel_group": "losses",
+    "calculate_maximum_sizes": "model",
+    "check_cuda_fp8_capability": "",
+    "check_device_map": "model, device_map",
+    "check_tied_parameters_in_config": "model",
+    "check_tied_parameters_on_same_device": "tied_params, device_map",
+    "compile_regions_fsdp2": "module, **compile_kwargs",
+    "contextual_fp8_autocast": "model_forward, fp8_recipe, use_during_eval=False",
+    "convert_model": "model, to_transformer_engine=True, _convert_linear=True, _convert_ln=True",
+    "convert_model_to_fp8_ao": "model, config=None, module_filter_func=None",
+    "cpu_offload": (
+        "model, execution_device=None, offload_buffers=False, state_dict=None, preload_module_classes=None"
+    ),
+    "cpu_offload_with_hook": "model, execution_device=None, prev_module_hook=None",
+    "disable_fsdp_ram_efficient_loading": "",
+    "disk_offload": "model, offload_dir, execution_device=None, offload_buffers=False, preload_module_classes=None",
+    "dispatch_model": (
+        "model, device_map, main_device=None, state_dict=None, offload_dir=None, offload_index=None, "
+        "offload_buffers=False, skip_keys=None, preload_module_classes=None, force_hooks=False"
+    ),
+    "enable_fsdp_ram_efficient_loading": "",
+    "ensure_weights_retied": "param_init_fn, model, device",
+    "filter_first_and_last_linear_layers": "module, fqn",
+    "fsdp2_apply_ac": "accelerator, model",
+    "fsdp2_canonicalize_names": "named_params",
+    "fsdp2_load_full_state_dict": "accelerator, model, full_sd, cpu_offload=False",
+    "fsdp2_prepare_model": "accelerator, model",
+    "fsdp2_switch_optimizer_parameters": "optimizer, mapping",
+    "get_balanced_memory": (
+        "model, max_memory=None, no_split_module_classes=None, dtype=None, special_dtypes=None, "
+        "low_zero=False"
+    ),
+    "get_fsdp2_grad_scaler": "**kwargs",
+    "get_max_layer_size": "modules, module_sizes, no_split_module_classes",
+    "get_max_memory": "max_memory=None",
+    "get_mixed_precision_context_manager": "native_amp=False, autocast_kwargs=None",
+    "get_model_tp_size": "model",
+    "has_4bit_bnb_layers": "model",
+    "has_ao_layers": "model",
+    "has_offloaded_params": "module",
+    "has_transformer_engine_layers": "model",
+    "infer_auto_device_map": (
+        "model, max_memory=None, no_split_module_classes=None, dtype=None, special_dtypes=None, "
+        "verbose=False, clean_result=True, offload_buffers=False, fallback_allocation=False"
+    ),
+    "install_xla": "upgrade=False",
+    "load_and_quantize_model": (
+        "model, bnb_quantization_config, weights_location=None, device_map=None, "
+        "no_split_module_classes=None, max_memory=None, offload_folder=None, offload_state_dict=False"
+    ),
+    "load_checkpoint_and_dispatch": (
+        "model, checkpoint, device_map=None, max_memory=None, no_split_module_classes=None, "
+        "offload_folder=None, offload_buffers=False, dtype=None, offload_state_dict=None, skip_keys=None, "
+        "preload_module_classes=None, force_hooks=False, strict=False, full_state_dict=True, "
+        "broadcast_from_rank0=False"
+    ),
+    "load_checkpoint_in_model": (
+        "model, checkpoint, device_map=None, offload_folder=None, dtype=None, offload_state_dict=False, "
+        "offload_buffers=False, keep_in_fp32_modules=None, offload_8bit_bnb=False, strict=False, "
+        "full_state_dict=True, broadcast_from_rank0=False"
+    ),
+    "load_fsdp_model": "fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True",
+    "load_fsdp_optimizer": (
+        "fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False, "
+        "use_dcp=True"
+    ),
+    "load_offloaded_weight": "weight_file, weight_info",
+    "load_offloaded_weights": "model, index, offload_folder",
+    "merge_fsdp_weights": "checkpoint_dir, output_path, safe_serialization=True, remove_checkpoint_dir=False",
+    "offload_state_dict": "save_dir, state_dict",
+    "offload_weight": "weight, weight_name, offload_folder, index=None",
+    "parse_bert_config": "megatron_lm_plugin, model, batch_data",
+    "parse_glm4_moe_config": "megatron_lm_plugin, model, batch_data",
+    "parse_gpt2_config": "megatron_lm_plugin, model, batch_data",
+    "parse_llama_config": "megatron_lm_plugin, model, batch_data",
+    "parse_t5_config": "megatron_lm_plugin, model, batch_data",
+    "prepare_deepspeed_cmd_env": "args",
+    "prepare_multi_gpu_env": "args",
+    "prepare_pippy": (
+        "model, split_points='auto', no_split_module_classes=None, example_args=(), example_kwargs=None, "
+        "num_chunks=None, gather_output=False"
+    ),
+    "prepare_sagemager_args_inputs": "sagemaker_config, args",
+    "prepare_simple_launcher_cmd_env": "args",
+    "prepare_tpu": "args, current_env, pod=False",
+    "save_fsdp_model": "fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True",
+    "save_fsdp_optimizer": "fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True",
+    "save_offload_index": "index, offload_folder",
+    "set_module_tensor_to_device": (
+        "module, tensor_name, device, value=None, dtype=None, fp16_statistics=None, tied_params_map=None, "
+        "non_blocking=False, clear_cache=True"
+    ),
+    "set_numa_affinity": "local_process_index, verbose=None",
+    "torchao_required": "func",
+    "write_basic_config": "mixed_precision='no', save_location=None",
+}
+
+
+def accelerate_signature(name: str, method: bool = False) -> inspect.Signature:
+    """The signature of ``ACCELERATE_SIGNATURES[name]`` (with ``self`` first for a method)."""
+    arguments = ast.parse(f"def _({'self, ' if method else ''}{ACCELERATE_SIGNATURES[name]}): pass").body[0].args  # type: ignore[attr-defined]
+    kind = inspect.Parameter
+    positional = arguments.posonlyargs + arguments.args
+    defaults = [kind.empty] * (len(positional) - len(arguments.defaults)) + list(arguments.defaults)
+    parameters = [kind(a.arg, kind.POSITIONAL_ONLY if a in arguments.posonlyargs else kind.POSITIONAL_OR_KEYWORD,
+                       default=d if d is kind.empty else ast.literal_eval(d)) for a, d in zip(positional, defaults)]
+    if arguments.vararg:
+        parameters.append(kind(arguments.vararg.arg, kind.VAR_POSITIONAL))
+    parameters += [kind(a.arg, kind.KEYWORD_ONLY, default=kind.empty if d is None else ast.literal_eval(d))
+                   for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults)]
+    if arguments.kwarg:
+        parameters.append(kind(arguments.kwarg.arg, kind.VAR_KEYWORD))
+    return inspect.Signature(parameters)
+
 
 def _refuse(name: str) -> NoReturn:
     raise NotImplementedError(f"{name}: {NOT_DRIVEN[name]}.")
@@ -84,6 +267,7 @@ def refusing_function(name: str) -> Any:
 
     refused.__name__ = refused.__qualname__ = name
     refused.__doc__ = f"Not available in trainkit: {NOT_DRIVEN[name]}."
+    refused.__signature__ = accelerate_signature(name)  # type: ignore[attr-defined]
     return refused
 
 
@@ -93,6 +277,7 @@ def refusing_class(name: str) -> type:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _refuse(name)
 
+    __init__.__signature__ = accelerate_signature(name, method=True)  # type: ignore[attr-defined]
     return type(name, (), {"__init__": __init__, "__doc__": f"Not available in trainkit: {NOT_DRIVEN[name]}.",
                            "__module__": __name__})
 

@@ -53,7 +53,7 @@ def _model(mesh: Mesh | None, flag: bool | None, tp_size: int, **config: int) ->
 def test_transformers_5_24_tp_fsdp_model_is_read_from_its_mesh() -> None:
     model = _model(Mesh({"pp": 1, "fsdp": 2, "tp": 2}), True, 2, fsdp_size=2, dp_replicate_size=1)
     assert sharded_by_transformers(model)
-    assert transformers_layout(model).degrees() == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
+    assert transformers_layout(model).degrees() == {"dp_replicate": 1, "dp_shard": 2, "cp": 1, "sp": 1, "tp": 2}
     check_run_matches(model, ParallelismConfig(dp_shard_size=2, tp_size=2), 4)
 
 
@@ -61,8 +61,8 @@ def test_transformers_5_17_models_have_no_flag_but_are_recognised() -> None:
     fsdp = _model(Mesh({"fsdp": 4}), None, 1, fsdp_size=4)
     tp = _model(Mesh(4), None, 4, fsdp_size=1)  # 5.17's TP mesh: one unnamed dimension
     assert sharded_by_transformers(fsdp) and sharded_by_transformers(tp)
-    assert transformers_layout(fsdp).degrees() == {"dp_replicate": 1, "dp_shard": 4, "tp": 1}
-    assert transformers_layout(tp).degrees() == {"dp_replicate": 1, "dp_shard": 1, "tp": 4}
+    assert transformers_layout(fsdp).degrees() == {"dp_replicate": 1, "dp_shard": 4, "cp": 1, "sp": 1, "tp": 1}
+    assert transformers_layout(tp).degrees() == {"dp_replicate": 1, "dp_shard": 1, "cp": 1, "sp": 1, "tp": 4}
     assert not sharded_by_transformers(_model(None, None, 1, fsdp_size=1))  # a config, nothing applied
 
 

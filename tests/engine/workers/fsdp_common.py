@@ -96,6 +96,17 @@ def state_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
                for k in a)
 
 
+def update_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], initial: dict[str, torch.Tensor]) -> float:
+    """How far run ``a``'s update (final - initial weights) is from run ``b``'s, relative to ``b``'s, in L2 norm:
+    0 for the same training, 1 for a run that never stepped."""
+    if set(a) != set(b):
+        return float("inf")
+    def update(state: dict[str, torch.Tensor], key: str) -> torch.Tensor:
+        return state[key].float().cpu() - initial[key].float().cpu()
+    difference = sum(float((update(a, k) - update(b, k)).pow(2).sum()) for k in b if k in initial)
+    return (difference / sum(float(update(b, k).pow(2).sum()) for k in b if k in initial)) ** 0.5
+
+
 def write_results(out: Path, name: str, results: dict[str, Any]) -> None:
     """Rank 0 writes ``name``.json for the pytest side to assert on; every rank waits for it."""
     if int(os.environ.get("RANK", "0")) == 0:

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from fsdp_common import build_bert, flatten_optimizer_state, gather_floats, max_difference, state_difference, train, write_results
+from fsdp_common import (build_bert, flatten_optimizer_state, gather_floats, max_difference, state_difference, train,
+                         update_difference, write_results)
 from safetensors.torch import save_file
 from torch.distributed.fsdp import FullOptimStateDictConfig, FullStateDictConfig
 from torch.distributed.tensor import DTensor
@@ -26,6 +27,7 @@ from trainkit.engine.strategies.fsdp.sharding import local_numel
 
 OUT, HANDOFF = Path(sys.argv[1]), sys.argv[2]
 results: dict[str, dict] = {}
+INITIAL = {key: value.clone() for key, value in build_bert().state_dict().items()}  # every run starts from these
 
 
 def plugin(**kwargs) -> FullyShardedDataParallelPlugin:
@@ -60,6 +62,7 @@ def describe(run, reference, name: str, **extra) -> None:
     }
     if run.accelerator.is_main_process:
         entry["state_diff"] = state_difference(full, reference.full_state)
+        entry["update_diff"] = update_difference(full, reference.full_state, INITIAL)
     results[name] = entry
 
 
@@ -68,6 +71,9 @@ def main() -> None:
     reference = train(ddp(), clip=1.0)
     reference.full_state = reference.accelerator.get_state_dict(reference.model)
     results["ddp"] = {"distributed_type": reference.accelerator.distributed_type.value, "losses": reference.losses[:3]}
+    if reference.accelerator.is_main_process:  # the effects the tolerances guard: how much the run moves
+        results["effect"] = {"weight_change": state_difference(reference.full_state, INITIAL),
+                             "loss_change": max(reference.losses) - min(reference.losses)}
 
     full_shard = train(fsdp(sharding_strategy="FULL_SHARD"), clip=1.0)
     describe(full_shard, reference, "FULL_SHARD")

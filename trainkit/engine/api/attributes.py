@@ -3,12 +3,13 @@
 Properties that read the Accelerator's configuration under Accelerate's names (``non_blocking``,
 ``use_seedable_sampler``, ``save_iteration``...), the ``on_*_process`` decorators, the checkpoint pre-hooks
 registry, and the parallelism attributes (the ParallelismConfig, its device mesh and this process's ranks in
-it; context and pipeline parallelism are refused).
+it; pipeline parallelism is refused).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -19,8 +20,17 @@ from torch.utils.hooks import RemovableHandle
 from trainkit.engine.process.control import only_when
 from trainkit.utils.enums import DistributedType
 
-_NO_PARALLELISM = ("trainkit does not drive context or pipeline parallelism; tensor, data and sharded parallelism "
-                   "are set with ParallelismConfig (docs/parallelism.md)")
+_NO_PARALLELISM = ("trainkit does not drive pipeline parallelism; tensor, data, sharded, context and sequence "
+                   "parallelism are set with ParallelismConfig (docs/parallelism.md)")
+
+
+def _notice_once(message: str) -> None:
+    if message not in _NOTICES:
+        _NOTICES.add(message)
+        logging.getLogger("trainkit").info(message)
+
+
+_NOTICES: set[str] = set()
 
 
 def refuse_parallelism(*, deepspeed_plugins: Any) -> None:
@@ -134,8 +144,9 @@ class AccelerateAttributes:
 
     @property
     def context_parallel_rank(self) -> int:
-        """Context parallelism is not driven (by Accelerate either)."""
-        _refuse("Accelerator.context_parallel_rank")
+        """This process's index inside its context-parallel group (0 when ``cp_size`` is 1); needs a
+        ParallelismConfig (Accelerate raises NotImplementedError here)."""
+        return self._mesh_rank("cp", "context_parallel_rank")
 
     @property
     def pipeline_parallel_rank(self) -> int:
@@ -144,12 +155,18 @@ class AccelerateAttributes:
 
     def maybe_context_parallel(self, buffers: list[Any] | None = None, buffer_seq_dims: list[int] | None = None,
                                no_restore_buffers: set[Any] | None = None) -> contextlib.AbstractContextManager:
-        """Without context parallelism (trainkit's case, and Accelerate's without one configured): a no-op."""
+        """A no-op: with ``cp_size > 1`` trainkit splits each training batch at the prepared model's forward
+        (``buffers`` must not be cut a second time), so scripts written for Accelerate's context manager keep
+        working; without context parallelism it does nothing in Accelerate either."""
+        if buffers and self.parallel_dims is not None and self.parallel_dims.cp > 1:
+            _notice_once("maybe_context_parallel: trainkit splits the batch along the sequence inside the prepared "
+                         "model's forward; the buffers are left whole here.")
         return contextlib.nullcontext()
 
-    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> NoReturn:
-        """DeepSpeed-Ulysses sequence parallelism is not driven by trainkit."""
-        _refuse("Accelerator.deepspeed_ulysses_dl_adapter")
+    def deepspeed_ulysses_dl_adapter(self, dl: Any, model: Any) -> Any:
+        """Returns ``dl`` as it is: trainkit's sequence parallelism splits each training batch inside the prepared
+        model's forward, so the dataloader keeps yielding whole sequences (every rank of an sp group the same)."""
+        return dl
 
     def lomo_backward(self, loss: Any, learning_rate: float) -> NoReturn:
         """LOMO fuses backward and optimizer step; trainkit does not drive LOMO optimizers."""

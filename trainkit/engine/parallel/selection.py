@@ -18,6 +18,10 @@ def parallel_dims_for(config: EngineConfig, state: ProcessState) -> ParallelDims
         raise ConfigError("parallelism_config with a DeepSpeed config: trainkit runs DeepSpeed configs on its own "
                           "DDP/FSDP2 layout; use one or the other.")
     dims = ParallelDims(config.parallelism, state.world_size, state.device.type)
+    if dims.cp > 1:
+        from trainkit.engine.parallel.ring import check_device
+
+        check_device(state.device.type)  # before a model is built: CP needs a device with a ring kernel
     if state.world_size > 1:
         state.ensure_process_group()
         dims.config.device_mesh = dims.mesh

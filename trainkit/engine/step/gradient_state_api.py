@@ -29,5 +29,10 @@ class GradientStateAPI:
 
     @property
     def dataloader_references(self) -> list[Any]:
-        """The prepared dataloaders being iterated, outermost first, after Accelerate's leading None."""
+        """The prepared dataloaders being iterated, outermost first, after Accelerate's leading None (settable, as
+        in Accelerate)."""
         return [None, *self._dataloaders]
+
+    @dataloader_references.setter
+    def dataloader_references(self, references: list[Any]) -> None:
+        self._dataloaders = [loader for loader in references if loader is not None]

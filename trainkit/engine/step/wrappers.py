@@ -62,9 +62,13 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step_was_skipped(self, value: bool) -> None:
         self._step_was_skipped = value
 
-    @property
-    def state(self) -> dict:  # type: ignore[override]
+    @property  # type: ignore[override]
+    def state(self) -> dict:
         return self.optimizer.state
+
+    @state.setter
+    def state(self, value: dict) -> None:
+        self.optimizer.state = value  # type: ignore[assignment]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
@@ -78,6 +82,10 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def defaults(self) -> dict[str, Any]:  # type: ignore[override]
         return self.optimizer.defaults
 
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.optimizer.defaults = value
+
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)
 
@@ -86,8 +94,8 @@ class PreparedOptimizer(torch.optim.Optimizer):
             self.optimizer.zero_grad(**({} if set_to_none is None else {"set_to_none": set_to_none}))
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        if not self.gradient_state.sync_gradients:
-            return
+        if not self.gradient_state.sync_gradients or callable(getattr(self.optimizer, "fused_backward", None)):
+            return  # a LOMO optimizer has already updated the weights in backward(learning_rate=...)
         kwargs = {"closure": closure} if closure is not None else {}
         if self.before_step is not None:
             self.before_step()

@@ -107,13 +107,14 @@ class Strategy:
 
     @property
     def data_parallel_rank(self) -> int:
-        """Which share of each global batch this process reads (the same across a tensor-parallel group)."""
+        """Which share of each global batch this process reads (the same across a tensor- or sequence-parallel
+        group)."""
         return self.dims.dp_rank(self.state.rank) if self.dims is not None else self.state.rank
 
     @property
     def data_group(self) -> dist.ProcessGroup | None:
         """The process group evaluation results are gathered over (None: every process)."""
-        return self.dims.dp_group if self.dims is not None and self.dims.tp > 1 else None
+        return self.dims.dp_group if self.dims is not None and self.dims.dp_size < self.state.world_size else None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Place ``model`` on the device and wrap it for this strategy."""

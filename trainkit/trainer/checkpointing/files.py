@@ -57,6 +57,12 @@ def checkpoint_folder(output_dir: str, step: int) -> str:
     return os.path.join(output_dir, f"{PREFIX}{step}")
 
 
+def run_folder(trainer: Trainer) -> str:
+    """The folder of this run's checkpoints: ``output_dir``, or a search trial's ``run-{id}`` in it
+    (``Trainer._get_output_dir``, as transformers names it)."""
+    return trainer._get_output_dir(trainer._trial)
+
+
 def sorted_checkpoints(output_dir: str, complete_only: bool = True) -> list[str]:
     """checkpoint-N folders in ``output_dir`` by increasing N (complete ones only, unless told otherwise)."""
     return [entry.path for entry in list_checkpoints(output_dir, PREFIX)
@@ -147,7 +153,8 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
     is_best = state.best_global_step == state.global_step
     if only_if_best and args.save_strategy == "best" and not is_best:
         return None
-    folder = checkpoint_folder(args.output_dir, state.global_step)
+    run_dir = run_folder(trainer)
+    folder = checkpoint_folder(run_dir, state.global_step)
     if is_best:
         state.best_model_checkpoint = folder
     state.stateful_callbacks = {type(cb).__name__: cb.state() for cb in trainer.callback_handler.callbacks
@@ -158,7 +165,7 @@ def save_training_checkpoint(trainer: Trainer, resumed_from: str | None = None, 
     def rotate_and_upload(committed: str) -> None:
         if not trainer.accelerator.is_main_process:
             return
-        checkpoint_io_of(trainer.accelerator).rotate(args.output_dir, args.save_total_limit, protected=protected,
+        checkpoint_io_of(trainer.accelerator).rotate(run_dir, args.save_total_limit, protected=protected,
                                                      prefix=PREFIX)
         if hub is not None and args.hub_strategy != "end":
             in_repo = os.path.basename(committed) if args.hub_strategy in ("checkpoint", "all_checkpoints") else None

@@ -51,14 +51,14 @@ class CheckpointManager:
         ``async_save``: a save in flight is finished first, and this one is durable when it returns."""
         folder = checkpoints.save_training_checkpoint(self.trainer, self._resumed_from, only_if_best=False,
                                                       synchronous=True)
-        return folder if folder is not None else checkpoints.checkpoint_folder(self.trainer.args.output_dir,
+        return folder if folder is not None else checkpoints.checkpoint_folder(checkpoints.run_folder(self.trainer),
                                                                                self.trainer.state.global_step)
 
     def rotate(self) -> list[str]:
         """Main process: delete the oldest checkpoints beyond ``save_total_limit`` (never the best, the newest,
         nor the one resumed from); return what was deleted."""
         args, state = self.trainer.args, self.trainer.state
-        return self._io.rotate(args.output_dir, args.save_total_limit,
+        return self._io.rotate(checkpoints.run_folder(self.trainer), args.save_total_limit,
                                protected=[state.best_model_checkpoint, self._resumed_from], prefix=checkpoints.PREFIX)
 
     @property

@@ -61,6 +61,12 @@ class CheckpointedTrainer(Protocol):
     def is_world_process_zero(self) -> bool:
         """True on the one process that writes the run's own files."""
 
+    _trial: Any
+    """The hyperparameter-search trial being trained (None outside a search)."""
+
+    def _get_output_dir(self, trial: Any) -> str:
+        """The run's checkpoint folder: ``output_dir``, or the trial's ``run-{id}`` folder in it."""
+
 
 class SavesNow(Protocol):
     """The manager's on-demand save, as the preemption save calls it."""
