@@ -282,7 +282,7 @@ def test_transformers_5_1_fields_map_onto_their_later_spelling_with_a_notice(tmp
     ({"train_sampling_strategy": "batch_rebalance"}, "shards every sampler"),
     ({"debug": "tpu_metrics_debug"}, "needs a TPU"),
     ({"dataloader_in_order": False}, "dataloader_num_workers > 0"),
-    ({"accelerator_config": {"gradient_accumulation_kwargs": {"num_steps": 2}}}, "accumulates gradients itself"),
+    ({"accelerator_config": {"gradient_accumulation_kwargs": {"num_step": 2}}}, "num_steps"),
     ({"accelerator_config": {"split_batch": True}}, "split_batches"),
     ({"group_by_length": True, "train_sampling_strategy": "sequential"}, "group_by_length=True and "
      "train_sampling_strategy='sequential' name one setting with two values"),
@@ -329,7 +329,7 @@ def test_engine_options_from_ddp_fields_and_accelerator_config():
     from trainkit.utils.dataclasses import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     args = TrainingArguments(ddp_find_unused_parameters=True, ddp_timeout=90, data_seed=3,
-                             accelerator_config='{"even_batches": false, "use_configured_state": true}')
+                             accelerator_config='{"even_batches": false}')
     options = engine_options(args)
     handlers = {type(h): h for h in options["kwargs_handlers"]}
     assert handlers[DistributedDataParallelKwargs].to_kwargs() == {"find_unused_parameters": True}

@@ -152,18 +152,32 @@ def test_sequential_sampling_keeps_dataset_order(tmp_path):
 
 
 def test_model_side_fields(tmp_path):
+    """CPU: activation checkpointing and use_cache reach the model; NEFTune noise is on during train() only (its
+    hook is removed when training ends, as transformers does)."""
+    from trainkit import TrainerCallback
+
+    ids = torch.arange(8)[None]
+
+    class NoiseProbe(TrainerCallback):
+        noisy_in_training = None
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            embeddings = model.get_input_embeddings()  # the model is in training mode here
+            self.noisy_in_training = not torch.equal(embeddings(ids), embeddings(ids))
+
     model = _tiny_gpt2()
     model.config.use_cache = True
     args = _args(tmp_path, activation_checkpointing=True, neftune_noise_alpha=5.0, use_cache=False)
-    trainer = Trainer(model=model, args=args, train_dataset=CausalTokens())
+    probe = NoiseProbe()
+    trainer = Trainer(model=model, args=args, train_dataset=CausalTokens(), callbacks=[probe])
     trainer.train()
     assert _checkpointing_is_on(model) and model.config.use_cache is False
+    assert probe.noisy_in_training is True
     embeddings = model.get_input_embeddings()
-    assert embeddings.neftune_noise_alpha == 5.0
-    ids = torch.arange(8)[None]
     model.train()
-    assert not torch.equal(embeddings(ids), embeddings(ids))  # NEFTune noise while training
-    model.eval()
+    from trainkit.trainer.neftune import noise_hook
+
+    assert noise_hook() not in embeddings._forward_hooks.values()
     assert torch.equal(embeddings(ids), embeddings(ids))
 
 
@@ -256,13 +270,22 @@ class OutOfMemoryAbove(nn.Module):
         return self.inner(x, labels)
 
 
-def test_auto_find_batch_size_halves_until_it_fits(tmp_path):
-    model = OutOfMemoryAbove(limit=2)
-    args = _args(tmp_path, auto_find_batch_size=True, per_device_train_batch_size=8, max_steps=-1, num_train_epochs=1)
-    output = Trainer(model=model, args=args, train_dataset=IndexDataset(16)).train()
-    assert args.per_device_train_batch_size == 2
-    assert model.seen[:3] == [8, 4, 2] and set(model.seen[2:]) == {2}
-    assert output.global_step == 8  # the plan follows the batch size that fits: 16 samples / 2
+def test_auto_find_batch_size_shrinks_until_it_fits(tmp_path):
+    """CPU: each out-of-memory error restarts training with 90% of the batch size (rounded down, as transformers'
+    auto_find_batch_size through accelerate's find_executable_batch_size); the arguments stay as written, the
+    size found is the Trainer's and the state's, and a resume with auto_find_batch_size starts from it."""
+    model = OutOfMemoryAbove(limit=3)
+    args = _args(tmp_path, auto_find_batch_size=True, per_device_train_batch_size=5, max_steps=-1, num_train_epochs=1,
+                 save_strategy="epoch")
+    trainer = Trainer(model=model, args=args, train_dataset=IndexDataset(12))
+    output = trainer.train()
+    assert model.seen[:3] == [5, 4, 3] and set(model.seen[2:]) == {3}
+    assert args.per_device_train_batch_size == 5 and trainer._train_batch_size == trainer.state.train_batch_size == 3
+    assert output.global_step == 4  # the plan follows the batch size that fits: 12 samples / 3
+    resumed = Trainer(model=OutOfMemoryAbove(limit=3), args=args, train_dataset=IndexDataset(12))
+    assert resumed._train_batch_size == 5
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed._train_batch_size == 3 and resumed.model.seen == []  # nothing left to train, nothing re-tried
 
 
 def test_batch_eval_metrics_and_unconcatenated_batches(tmp_path):

@@ -35,6 +35,8 @@ DEBUG_OPTIONS = ("underflow_overflow", "tpu_metrics_debug")
 # accelerator_config keys (transformers' AcceleratorConfig) that map onto the engine's DataLoaderConfiguration.
 DATALOADER_KEYS = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking")
 OTHER_ACCELERATOR_KEYS = ("gradient_accumulation_kwargs", "use_configured_state")
+# accelerator_config["gradient_accumulation_kwargs"]: Accelerate's GradientAccumulationPlugin fields.
+ACCUMULATION_KEYS = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch")
 
 
 def check_transformers_fields(args: Any) -> None:
@@ -56,14 +58,16 @@ def check_transformers_fields(args: Any) -> None:
     _check_precision_device(args)
     _apply_tf32(args.tf32, args.use_cpu)
     args.accelerator_config = _load_accelerator_config(args.accelerator_config)
+    _apply_accumulation_kwargs(args)
     args.debug = _parse_debug(args.debug)
     if args.label_smoothing_factor < 0 or args.label_smoothing_factor >= 1:
         raise ConfigError(f"label_smoothing_factor={args.label_smoothing_factor!r} in {WHERE} must be in [0, 1).")
     if args.neftune_noise_alpha is not None and args.neftune_noise_alpha <= 0:
         raise ConfigError(f"neftune_noise_alpha={args.neftune_noise_alpha!r} in {WHERE} must be > 0 (or None for off).")
     if args.torch_empty_cache_steps is not None:
-        if args.torch_empty_cache_steps < 1:
-            raise ConfigError(f"torch_empty_cache_steps={args.torch_empty_cache_steps!r} in {WHERE} must be >= 1 or None.")
+        steps = args.torch_empty_cache_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:  # a count of steps: 1.0 is refused too
+            raise ConfigError(f"torch_empty_cache_steps={steps!r} in {WHERE} must be an integer >= 1 or None.")
         if args.use_cpu or not _has_accelerator():
             warn_once("torch_empty_cache_steps: training runs on CPU, which has no device cache to empty; nothing to do.")
     if args.project != "huggingface":
@@ -332,12 +336,23 @@ def _apply_tf32(tf32: bool | None, use_cpu: bool) -> None:
     torch.backends.cudnn.allow_tf32 = bool(tf32)
 
 
-def _load_accelerator_config(value: Any) -> dict[str, Any]:
-    """accelerator_config (None, dict, JSON string or JSON file) -> a checked dict."""
+def _load_accelerator_config(value: Any) -> Any:
+    """accelerator_config (None, dict, an AcceleratorConfig, JSON string or JSON file) -> transformers'
+    ``AcceleratorConfig``, checked: the object transformers' TrainingArguments holds, so scripts that set
+    ``args.accelerator_config.dispatch_batches = False`` work, and the Trainer reads it when it is created."""
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
     if value is None:
         value = {}
+    if isinstance(value, type):  # the class itself, e.g. a dataclass field whose default is AcceleratorConfig
+        # "Tried passing in a callable to `accelerator_config`" is transformers' wording, which scripts match
+        raise NotImplementedError(
+            f"accelerator_config in {WHERE}: Tried passing in a callable to `accelerator_config` (the class "
+            f"{value.__name__}); pass an instance such as {value.__name__}(...), a dict or a JSON file.")
     if hasattr(value, "to_dict"):
         value = value.to_dict()
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
     if isinstance(value, str):
         if value.lstrip().startswith("{"):
             value = _json_dict("accelerator_config", value)
@@ -349,13 +364,40 @@ def _load_accelerator_config(value: Any) -> dict[str, Any]:
     config = dict(value)
     for key in config:
         check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where=WHERE)
-    if config.get("gradient_accumulation_kwargs"):
-        raise ConfigError(f"accelerator_config['gradient_accumulation_kwargs'] in {WHERE}: the Trainer accumulates "
-                          "gradients itself (gradient_accumulation_steps), so these engine options do not apply.")
-    from transformers.trainer_pt_utils import AcceleratorConfig  # its defaults fill the keys not given, as transformers does
+    if config.get("use_configured_state"):
+        from trainkit.engine.process.state import ProcessState
 
-    known = DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS
-    return {**{f.name: f.default for f in dataclasses.fields(AcceleratorConfig) if f.name in known}, **config}
+        if ProcessState._instance is None:
+            raise ConfigError(f"accelerator_config['use_configured_state']=True in {WHERE} reuses the process state "
+                              "set up beforehand, and there is none yet: create the Accelerator (or PartialState) "
+                              "first, or leave use_configured_state False.")
+    if config.get("gradient_accumulation_kwargs") is not None:
+        kwargs = dict(config["gradient_accumulation_kwargs"])
+        for key in kwargs:
+            check_choice("accelerator_config['gradient_accumulation_kwargs'] key", key, ACCUMULATION_KEYS, where=WHERE)
+        config["gradient_accumulation_kwargs"] = kwargs
+    return AcceleratorConfig(**config)
+
+
+def _apply_accumulation_kwargs(args: Any) -> None:
+    """accelerator_config["gradient_accumulation_kwargs"] as transformers' Trainer reads it: ``num_steps`` is
+    another spelling of gradient_accumulation_steps (two different values are refused), ``sync_each_batch``
+    synchronises gradients on every micro-batch (the Trainer passes it to the engine), and
+    ``adjust_scheduler``/``sync_with_dataloader`` only concern an Accelerator's own accumulation, which the
+    Trainer does not use (it opens each window itself): a notice says so."""
+    kwargs = args.accelerator_config.gradient_accumulation_kwargs or {}
+    if "num_steps" in kwargs:
+        steps = kwargs["num_steps"]
+        if args.gradient_accumulation_steps not in (1, steps):
+            raise ConfigError(
+                f"accelerator_config['gradient_accumulation_kwargs']['num_steps']={steps!r} and "
+                f"gradient_accumulation_steps={args.gradient_accumulation_steps!r} in {WHERE} name one setting with "
+                "two values; keep one of them.")
+        args.gradient_accumulation_steps = steps
+    for key in ("adjust_scheduler", "sync_with_dataloader"):
+        if key in kwargs:
+            warn_once(f"accelerator_config['gradient_accumulation_kwargs'][{key!r}] changes nothing in the Trainer: it "
+                      "concerns an Accelerator's own accumulation, and the Trainer opens each window itself.")
 
 
 def _parse_debug(value: Any) -> list[str]:

@@ -163,7 +163,7 @@ class TrainingArguments(ProcessAttributes):
     data_seed: int | None = field(default=None, metadata={"help": "Seed of the data shuffling (default: seed)."})
     use_cpu: bool = field(default=False, metadata={"help": "Run on CPU even when an accelerator is present."})
     local_rank: int = field(default=-1, metadata={"help": "Accepted for old launchers; the rank comes from the environment."})
-    accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, ...): a dict or a JSON file."})
+    accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, gradient_accumulation_kwargs, ...): a dict, a JSON file or an AcceleratorConfig; held as transformers' AcceleratorConfig."})
     parallelism_config: Any = field(default=None, metadata={"help": "A ParallelismConfig (trainkit's or Accelerate's): data replicas x FSDP shards x tensor parallelism (docs/parallelism.md)."})
     ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "DistributedDataParallel's find_unused_parameters."})
     ddp_bucket_cap_mb: int | None = field(default=None, metadata={"help": "DistributedDataParallel's bucket_cap_mb."})
@@ -308,7 +308,7 @@ class TrainingArguments(ProcessAttributes):
                 raise ConfigError(f"dataloader_persistent_workers=True in {WHERE} needs dataloader_num_workers > 0.")
 
     def _check_best_model(self) -> None:
-        needs_metric = self.load_best_model_at_end or self.save_strategy == "best" or self.lr_scheduler_type == "reduce_lr_on_plateau"
+        needs_metric = self.load_best_model_at_end or self.lr_scheduler_type in ("reduce_lr_on_plateau", "greedy")
         if needs_metric and self.metric_for_best_model is None:
             self.metric_for_best_model = "loss"
         if self.greater_is_better is None and self.metric_for_best_model is not None:
@@ -316,6 +316,10 @@ class TrainingArguments(ProcessAttributes):
         if (self.save_strategy == "best" or self.lr_scheduler_type in ("reduce_lr_on_plateau", "greedy")) and self.eval_strategy == "no":
             reason = "save_strategy='best'" if self.save_strategy == "best" else f"lr_scheduler_type={self.lr_scheduler_type!r}"
             raise ConfigError(f"{reason} in {WHERE} needs evaluations: set eval_strategy to 'steps' or 'epoch'.")
+        if self.save_strategy == "best" and self.metric_for_best_model is None:
+            # transformers' wording kept in the message ("`args.metric_for_best_model` must be provided"): scripts match it
+            raise ConfigError(f"save_strategy='best' in {WHERE} keeps the checkpoints that improve a metric: "
+                              "`args.metric_for_best_model` must be provided (e.g. 'loss' or a compute_metrics key).")
         if not self.load_best_model_at_end or self.save_strategy == "best":
             return
         if self.eval_strategy == "no" or self.save_strategy == "no":
@@ -414,12 +418,25 @@ class TrainingArguments(ProcessAttributes):
             value = getattr(self, f.name)
             if f.name.endswith("_token"):  # masked even when unset, as transformers does
                 value = f"<{f.name.upper()}>"
-            result[f.name] = value
+            result[f.name] = _json_ready(value)
         return result
 
     def to_json_string(self) -> str:
         """The arguments as indented JSON (tokens masked)."""
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+
+def _json_ready(value: Any) -> Any:
+    """A torch dtype (a subclass may declare a ``dtype`` field) as its name, ``torch.bfloat16`` -> ``"bfloat16"``,
+    also inside dict values, and a configuration dataclass (``accelerator_config``) as its dict, as transformers
+    writes them; everything else unchanged."""
+    if type(value).__name__ == "dtype" and str(value).startswith("torch."):
+        return str(value).split(".", 1)[1]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and hasattr(value, "to_dict"):
+        return _json_ready(value.to_dict())
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    return value
 
 
 def _enum_value(value: Any) -> Any:

@@ -215,6 +215,10 @@ class CallbackHandler:
 
     def __init__(self, callbacks, model, processing_class, optimizer, lr_scheduler) -> None:
         self.callbacks: list[TrainerCallback] = []
+        self.engine_callbacks: list[TrainerCallback] = []
+        """trainkit's own writers (the JSONL log and the ``report_to`` trackers, :class:`TrackerCallback`): called
+        first at every event, but not listed in ``callbacks``, which holds what transformers' list holds (the
+        flow and progress callbacks and the user's)."""
         for callback in callbacks:
             self.add_callback(callback)
         self.model = model
@@ -233,7 +237,7 @@ class CallbackHandler:
         """Add a callback instance, or a class to instantiate without arguments."""
         callback = callback() if isinstance(callback, type) else callback
         if type(callback) in [type(c) for c in self.callbacks]:
-            logger.warning("Adding a second %s to the callbacks.", type(callback).__name__)
+            logger.warning(f"Adding a second {type(callback).__name__} to the callbacks.")  # the name in the message itself
         self.callbacks.append(callback)
 
     def pop_callback(self, callback):
@@ -256,7 +260,7 @@ class CallbackHandler:
     def call_event(self, event: str, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                    **kwargs: Any) -> TrainerControl:
         """Run ``event`` on every callback; a callback may return a new control."""
-        for callback in self.callbacks:
+        for callback in [*self.engine_callbacks, *self.callbacks]:
             result = getattr(callback, event)(
                 args,
                 state,
@@ -353,7 +357,10 @@ class ProgressCallback(TrainerCallback):
         if self.prediction_bar is None:
             from tqdm.auto import tqdm
 
-            total = len(eval_dataloader) if hasattr(eval_dataloader, "__len__") else None
+            try:
+                total = len(eval_dataloader)
+            except TypeError:  # a stream: DataLoader.__len__ exists but raises
+                total = None
             self.prediction_bar = tqdm(total=total, leave=self.training_bar is None, dynamic_ncols=True)
         self.prediction_bar.update(1)
 

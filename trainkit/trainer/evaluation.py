@@ -219,7 +219,7 @@ def evaluation_loop(trainer: EvaluatedTrainer, dataloader: Any, description: str
             if logits is not None and labels is not None:
                 is_last = accelerator.gradient_state.end_of_dataloader  # set by the prepared loader on its last batch
                 metrics = dict(trainer.compute_metrics(EvalPrediction(logits, labels), compute_result=is_last) or {})
-        else:
+        if not batch_metrics or description == "Prediction":  # predict() returns them under batch metrics too
             results.add("predictions", logits)
             results.add("labels", labels)
         results.end_batch()

@@ -55,7 +55,6 @@ class TrainingMeter:
     def _reset(self) -> None:
         device = self.accelerator.device
         self.loss_sum = torch.zeros((), device=device)
-        self.finite_steps = torch.zeros((), device=device)
         self.samples = 0
         self.tokens: torch.Tensor | int = 0
         self.steps = 0
@@ -67,15 +66,17 @@ class TrainingMeter:
         self.tokens = self.tokens + tokens
 
     def add_step(self, window_loss: torch.Tensor, skip_non_finite: bool) -> None:
-        """Add one optimizer step's loss (this process's share of the global window mean)."""
+        """Add one optimizer step's loss (this process's share of the global window mean).
+
+        ``skip_non_finite`` (``logging_nan_inf_filter``) counts a NaN/inf step as transformers does: as the sum
+        of this log's earlier steps divided by their number plus one (0 for the first step of a log), so a
+        logged loss stays finite even when every step of its interval diverged.
+        """
         window_loss = window_loss.detach().float()
         if skip_non_finite:
-            finite = torch.isfinite(window_loss)
-            self.loss_sum += torch.where(finite, window_loss, torch.zeros_like(window_loss))
-            self.finite_steps += finite.float()
-        else:
-            self.loss_sum += window_loss
-            self.finite_steps += 1
+            stand_in = self.loss_sum / (self.steps + 1)
+            window_loss = torch.where(torch.isfinite(window_loss), window_loss, stand_in)
+        self.loss_sum += window_loss
         self.steps += 1
 
     def flush(self) -> dict[str, float]:
@@ -86,22 +87,20 @@ class TrainingMeter:
         tokens = self.tokens if isinstance(self.tokens, torch.Tensor) else torch.tensor(float(self.tokens))
         packed = torch.stack([
             self.loss_sum.float(),
-            self.finite_steps.float(),
             torch.tensor(float(self.samples), device=device),
             tokens.to(device).float(),
         ])
         if self.accelerator.num_processes > 1:
             packed = self.accelerator.reduce(packed, reduction="sum")
-        loss_sum, finite_steps, samples, tokens = packed.tolist()
-        finite_steps /= self.accelerator.num_processes  # every process counted the same steps
+        loss_sum, samples, tokens = packed.tolist()
         # The ranks of a tensor-parallel group read the same batch: the sum counted it once per rank.
         copies = self.accelerator.num_processes // self.accelerator.strategy.data_parallel_size
         loss_sum, samples, tokens = loss_sum / copies, samples / copies, tokens / copies
         elapsed = max(time.perf_counter() - self.started, 1e-9)
         steps = self.steps
-        mean_loss = loss_sum / finite_steps if finite_steps else float("nan")
+        mean_loss = loss_sum / steps
         self.total_loss += loss_sum
-        self.total_steps += finite_steps
+        self.total_steps += steps
         values = {
             "loss": mean_loss,
             "samples": samples,

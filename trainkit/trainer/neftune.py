@@ -7,6 +7,8 @@ to the model's input embeddings is done here, so every transformers trainkit dec
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, Callable
 
 from torch import nn
@@ -50,4 +52,18 @@ def activate_neftune(model: nn.Module, noise_alpha: float) -> RemovableHandle:
     return embeddings.register_forward_hook(hook)
 
 
-__all__ = ["activate_neftune", "input_embeddings", "noise_hook"]
+@contextlib.contextmanager
+def neftune_while_training(model: nn.Module, noise_alpha: float | None) -> Iterator[None]:
+    """NEFTune on ``model`` for the duration of one ``train()`` (nothing when ``noise_alpha`` is None): the hook
+    is removed when training ends, as transformers does, so the trained model's embeddings carry no hook."""
+    if noise_alpha is None:
+        yield
+        return
+    handle = activate_neftune(model, noise_alpha)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+__all__ = ["activate_neftune", "input_embeddings", "neftune_while_training", "noise_hook"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from collections.abc import Iterator
 from typing import Any, NamedTuple
+
+logger = logging.getLogger(__name__)
 
 
 class TrainingPlan(NamedTuple):
@@ -57,3 +60,22 @@ def window_sizes(train_dataloader: Any, accumulation_steps: int, plan: TrainingP
     last = len(train_dataloader) % accumulation_steps or accumulation_steps
     for step in range(steps_done, plan.steps_per_epoch):
         yield accumulation_steps if step < plan.steps_per_epoch - 1 else last
+
+
+def log_plan(trainer: Any, plan: TrainingPlan, train_dataloader: Any) -> None:
+    """The run's shape at INFO level when training starts, on the main process (``log_level="info"`` shows it,
+    as transformers' "Running training" block)."""
+    if not trainer.is_world_process_zero():
+        return
+    try:
+        examples = f"{len(train_dataloader.dataset):,}"
+    except (AttributeError, TypeError):
+        examples = "unknown (a stream)"
+    batch, accumulation = trainer._train_batch_size, trainer._accumulation_steps
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    logger.info("***** Running training *****\n  examples: %s\n  epochs: %s\n  optimizer steps per epoch: %s\n"
+                "  batch size per process: %d\n  accumulation steps: %d\n  global batch size: %d\n"
+                "  optimizer steps: %d\n  trainable parameters: %s",
+                examples, "until max_steps" if plan.steps_per_epoch is None else f"{plan.num_epochs:,}",
+                plan.steps_per_epoch if plan.steps_per_epoch is not None else "unknown", batch, accumulation,
+                batch * accumulation * trainer.accelerator.strategy.data_parallel_size, plan.max_steps, f"{trainable:,}")

@@ -10,11 +10,10 @@ counts it is the window's share already, a micro-batch's own mean is weighted by
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -31,10 +30,12 @@ from .construction_checks import check_trainer_inputs
 from .data import (ItemCounter, call_model, default_collator, default_label_names, loss_from_outputs,
                    remove_unused_columns, samples_in, split_loss, tokens_in, unprepared_loader)
 from .evaluation import EvalLoopOutput, PredictionOutput, evaluation_loop as run_evaluation_loop, speed_metrics
+from .neftune import neftune_while_training
 from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
 from .deepspeed import scheduler_from_config
 from .optim import build_scheduler
-from .plan import TrainingPlan, length_or_none, loader_epoch, training_plan, window_sizes
+from .sampling import SamplingHooks
+from .plan import TrainingPlan, length_or_none, loader_epoch, log_plan, training_plan, window_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class TrainOutput(NamedTuple):
     metrics: dict[str, float]
 
 
-class Trainer(hp_search.HyperparameterSearchMethods):
+class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
     """Train, evaluate and predict with a model on one or many processes (see docs/trainer.md).
 
     Args follow transformers' Trainer: ``model`` (or ``model_init``), ``args``, ``data_collator``,
@@ -82,7 +83,7 @@ class Trainer(hp_search.HyperparameterSearchMethods):
         self._memory_tracker.start()  # named by its caller (__init__, train, evaluate): transformers' stages
         self._loaded_model = model  # read by create_accelerator: a model transformers sharded sets the layout
         self.accelerator = self.create_accelerator()
-        self._configure_logging()
+        wiring.apply_log_level(self.args)
         self.hub = None
         if self.args.push_to_hub:
             from .hub import HubUploader
@@ -102,7 +103,10 @@ class Trainer(hp_search.HyperparameterSearchMethods):
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self._train_batch_size = self.args.per_device_train_batch_size
+        """The per-process training batch: the arguments', or what auto_find_batch_size found (args stay as written)."""
         self.label_names = self.args.label_names or default_label_names(model)
+        self.label_smoother = wiring.label_smoother(self.args, model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
         loss_items.set_policy(self, model)  # model_accepts_loss_kwargs & co., as transformers decides them
@@ -113,10 +117,10 @@ class Trainer(hp_search.HyperparameterSearchMethods):
         self._preemption_watch: PreemptionWatch | None = None  # while train() runs (checkpointing/preemption.py)
         self.checkpoint_manager = CheckpointManager(self)
         """Saves, resume point, rotation and the best model: every checkpoint goes through it."""
-        default_callbacks = [DefaultFlowCallback, TrackerCallback(self.accelerator),
-                             PrinterCallback if self.args.disable_tqdm else ProgressCallback]
+        default_callbacks = [DefaultFlowCallback, PrinterCallback if self.args.disable_tqdm else ProgressCallback]
         self.callback_handler = CallbackHandler(default_callbacks + list(callbacks or []), self.model,
                                                 processing_class, self.optimizer, self.lr_scheduler)
+        self.callback_handler.engine_callbacks.append(TrackerCallback(self.accelerator))
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         self.control = TrainerControl()
@@ -141,11 +145,6 @@ class Trainer(hp_search.HyperparameterSearchMethods):
     def _accumulation_steps(self) -> int:
         """Micro-batches per optimizer step, as the engine resolved it (the arguments > the launcher > 1)."""
         return self.accelerator.config.gradient_accumulation_steps
-
-    def _configure_logging(self) -> None:
-        level = self.args.log_level if self.args.should_log else self.args.log_level_replica  # log_on_each_node
-        if level != "passive":
-            logging.getLogger("trainkit").setLevel(getattr(logging, level.upper()))
 
     def is_world_process_zero(self) -> bool:
         """True on the one process that writes logs, checkpoints' JSON and prints."""
@@ -184,29 +183,25 @@ class Trainer(hp_search.HyperparameterSearchMethods):
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset.")
         dataset = self._prepare_dataset(self.train_dataset, "training")
-        return self._dataloader(dataset, self.args.per_device_train_batch_size, True, self.args.dataloader_drop_last,
+        return self._dataloader(dataset, self._train_batch_size, True, self.args.dataloader_drop_last,
                                 sampler=self._get_train_sampler(dataset), description="training")
 
-    def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
-        """The order ``train_sampling_strategy`` names (None: a dataset without a length, read in its own order)."""
-        return wiring.train_sampler(self, self.train_dataset if train_dataset is None else train_dataset)
-
-    def _get_eval_sampler(self, eval_dataset: Any) -> torch.utils.data.Sampler | None:
-        """An evaluation set's order: sequential, length-grouped under ``group_by_length`` (None: no length)."""
-        return wiring.eval_sampler(self, eval_dataset)
-
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
-        """The evaluation DataLoader (in order, nothing dropped), built once per dataset."""
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        """The evaluation DataLoader (in order, nothing dropped) of a dataset, of a dict eval_dataset's set by name,
+        or of the Trainer's; built afresh on each call (as transformers) unless dataloader_persistent_workers."""
+        dataset = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else eval_dataset
+        dataset = dataset if dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("Evaluation needs an eval_dataset (in the Trainer or as an argument).")
         key = id(dataset)
-        if key not in self._eval_dataloaders:
-            prepared = self._prepare_dataset(dataset, "evaluation")
-            self._eval_dataloaders[key] = self._dataloader(
-                prepared, self.args.per_device_eval_batch_size, False, False, sampler=self._get_eval_sampler(prepared),
-                description="evaluation")
-        return self._eval_dataloaders[key]
+        if key in self._eval_dataloaders and self.args.dataloader_persistent_workers:
+            return self._eval_dataloaders[key]
+        prepared = self._prepare_dataset(dataset, "evaluation")
+        loader = self._dataloader(prepared, self.args.per_device_eval_batch_size, False, False,
+                                  sampler=self._get_eval_sampler(prepared), description="evaluation")
+        if self.args.dataloader_persistent_workers:
+            self._eval_dataloaders[key] = loader
+        return loader
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """The prediction DataLoader for ``test_dataset`` (in order, nothing dropped)."""
@@ -282,26 +277,29 @@ class Trainer(hp_search.HyperparameterSearchMethods):
         """Train for ``max_steps`` or ``num_train_epochs``; resume from a checkpoint folder, or the latest with True
         (and, after a torchelastic restart, from the latest by itself unless told False)."""
         hp_search.start_trial(self, trial)  # a trial's fresh model, arguments and engine (hyperparameter_search)
+        resume_from_checkpoint = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
+        wiring.batch_size_to_resume(self, resume_from_checkpoint)
         run = functools.partial(self._train_once, resume_from_checkpoint, ignore_keys_for_eval)
         self.is_in_train = True
         self._memory_tracker.start()
         try:
-            output = wiring.train_with_batch_size_search(self, run) if self.args.auto_find_batch_size else run()
+            with neftune_while_training(self.model, self.args.neftune_noise_alpha):
+                output = wiring.train_with_batch_size_search(self, run) if self.args.auto_find_batch_size else run()
             self._memory_tracker.stop_and_update_metrics(output.metrics)
             return output
         finally:
             self.is_in_train = False
 
-    def _train_once(self, resume_from_checkpoint: str | bool | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
-        resume_from_checkpoint = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
+    def _train_once(self, resume_from_checkpoint: str | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
         train_dataloader = self.get_train_dataloader()
         if resume_from_checkpoint:  # another world size: the same global batch, before the run's length is planned
             resume.keep_global_batch_on_resume(self, resume_from_checkpoint, train_dataloader)
         plan = training_plan(train_dataloader, self._accumulation_steps,
                              self.args.max_steps, self.args.num_train_epochs)
         self._setup_training(plan.max_steps)
+        log_plan(self, plan, train_dataloader)
         self.state = TrainerState(max_steps=plan.max_steps, num_train_epochs=plan.num_epochs,
-                                  train_batch_size=self.args.per_device_train_batch_size,
+                                  train_batch_size=self._train_batch_size,
                                   is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero())
         self.state.compute_steps(self.args, plan.max_steps)
@@ -362,17 +360,6 @@ class Trainer(hp_search.HyperparameterSearchMethods):
             return self.accelerator.skip_first_batches(train_dataloader, skip_batches)
         return train_dataloader
 
-    def get_batch_samples(self, epoch_iterator: Iterator[Any], num_batches: int,
-                          device: torch.device | None) -> tuple[list[Any], torch.Tensor | None]:
-        """The next ``num_batches`` batches (fewer at the epoch's end) and their loss items on all processes, counted
-        as transformers counts them (``num_items_in_batch``; None when transformers would not count them)."""
-        batch_samples = list(itertools.islice(epoch_iterator, num_batches))
-        return batch_samples, self._get_num_items_in_batch(batch_samples, device)
-
-    def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device | None) -> torch.Tensor | None:
-        """The labels that are not -100 in ``batch_samples`` on all processes, where transformers counts them."""
-        return loss_items.num_items_in_batch(self, batch_samples, device)
-
     def _train_window(self, model: nn.Module, window: list[Any], num_items_in_batch: torch.Tensor | None = None) -> None:
         """Forward and backward every micro-batch of one window; gradients are exchanged after the last only."""
         accelerator = self.accelerator
@@ -415,7 +402,7 @@ class Trainer(hp_search.HyperparameterSearchMethods):
             labels = inputs.get(label_name)
             outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **passed)
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-        elif self.args.label_smoothing_factor and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
+        elif self.label_smoother is not None and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
             loss, outputs = wiring.label_smoothed_loss(self, model, inputs, num_items_in_batch, passed)
         else:
             outputs = call_model(model, inputs, **passed)
@@ -472,7 +459,7 @@ class Trainer(hp_search.HyperparameterSearchMethods):
         if args.load_best_model_at_end:
             self.checkpoint_manager.load_best_model()
         data_parallel = self.accelerator.strategy.data_parallel_size  # a tensor-parallel group reads one batch
-        global_batch = args.per_device_train_batch_size * self._accumulation_steps * data_parallel
+        global_batch = self._train_batch_size * self._accumulation_steps * data_parallel
         metrics = speed_metrics("train", start, num_samples=steps_run * global_batch, num_steps=steps_run)
         metrics.update(total_flos=state.total_flos, train_loss=self.meter.train_loss)
         self.log(metrics)
@@ -544,13 +531,14 @@ class Trainer(hp_search.HyperparameterSearchMethods):
 
     def _close_trackers(self) -> None:
         """After an evaluate() outside train(): its log restarted the trackers; close them (no file left open)."""
-        for callback in self.callback_handler.callbacks:
+        for callback in self.callback_handler.engine_callbacks:
             if isinstance(callback, TrackerCallback) and callback.started:
                 callback.on_train_end(self.args, self.state, self.control)
 
     def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
                 metric_key_prefix: str = "test") -> PredictionOutput:
         """Predictions, label ids (when the data has labels) and metrics, one row per sample in dataset order."""
+        self._memory_tracker.start()  # here, in predict(): the tracker names its metrics after the calling method
         self._prepare_model()
         wiring.cast_for_full_eval(self)
         dataloader = self.get_test_dataloader(test_dataset)
@@ -558,6 +546,7 @@ class Trainer(hp_search.HyperparameterSearchMethods):
         output = self.evaluation_loop(dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
         metrics = dict(output.metrics)
         metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
+        self._memory_tracker.stop_and_update_metrics(metrics)
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=metrics)
         return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=metrics)
 

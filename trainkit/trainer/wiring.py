@@ -1,8 +1,7 @@
 """Where TrainingArguments fields act in the Trainer: engine options, the training sampler, model hooks, the loss.
 
 One small function per concern, so the Trainer's own methods stay short: ``engine_options`` (DDP keyword
-arguments, process-group backend and timeout, DataLoader configuration), ``train_sampler``
-(``train_sampling_strategy``), ``prepare_model_features`` (activation checkpointing, ``use_cache``,
+arguments, process-group backend and timeout, DataLoader configuration), ``prepare_model_features`` (activation checkpointing, ``use_cache``,
 NEFTune, Liger, ``debug``), ``label_smoothed_loss``, ``seed_run`` (``full_determinism``),
 ``maybe_empty_cache`` and ``train_with_batch_size_search`` (``auto_find_batch_size``).
 """
@@ -11,18 +10,22 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
+from trainkit.config.errors import check_choice
+
 logger = logging.getLogger(__name__)
 
 
 def engine_options(args: Any) -> dict[str, Any]:
     """Accelerator keyword arguments the ddp_* fields and accelerator_config decide."""
-    from trainkit.utils.dataclasses import DataLoaderConfiguration, DistributedDataParallelKwargs, InitProcessGroupKwargs
+    from trainkit.utils.dataclasses import (DataLoaderConfiguration, DistributedDataParallelKwargs,
+                                            GradientAccumulationPlugin, InitProcessGroupKwargs)
 
     if args.save_on_each_node:
         state = args._process_state()
@@ -40,101 +43,30 @@ def engine_options(args: Any) -> dict[str, Any]:
     # data_seed None: the engine takes torch's initial seed, what the Trainer's set_seed(seed) left (Accelerate's rule).
     data_config = DataLoaderConfiguration(data_seed=args.data_seed, use_stateful_dataloader=True,
                                           use_seedable_sampler=True)
-    for key, value in args.accelerator_config.items():
-        if key in ("use_configured_state", "gradient_accumulation_kwargs"):
-            continue  # trainkit always reuses the process's existing state; the Trainer accumulates itself
+    options: dict[str, Any] = {"kwargs_handlers": handlers, "dataloader_config": data_config}
+    config = _accelerator_config_dict(args.accelerator_config)
+    for key, value in config.items():
+        if key == "use_configured_state":
+            continue  # trainkit always reuses the process's existing state: what True asks for
+        if key == "gradient_accumulation_kwargs":  # read by TrainingArguments; only sync_each_batch reaches the engine
+            if (value or {}).get("sync_each_batch"):
+                options["gradient_accumulation_plugin"] = GradientAccumulationPlugin(num_steps=1, sync_each_batch=True)
+            continue
         if not hasattr(data_config, key):
             raise ValueError(f"accelerator_config[{key!r}] is not supported by this trainkit engine's DataLoaderConfiguration.")
         setattr(data_config, key, value)
-    return {"kwargs_handlers": handlers, "dataloader_config": data_config}
+    return options
 
 
-class LengthGroupedPassSampler(torch.utils.data.Sampler):
-    """transformers' length-grouped order (megabatches sorted by length, the longest batch first), drawn at each pass's
-    start from torch's global generator as transformers' ``LengthGroupedSampler`` draws it, so the order and the random
-    stream are transformers'. A prepared loader calls :meth:`draw_pass_order` when the pass starts (and replays it on
-    resume: trainkit/engine/data/pass_draws.py); every process takes the main process's order. With ``seed`` (an
-    evaluation order) every pass draws from a generator seeded with it instead: the same order each time."""
+def _accelerator_config_dict(config: Any) -> dict[str, Any]:
+    """``args.accelerator_config`` (transformers' AcceleratorConfig, which a script may have changed since the
+    arguments were built) as a dict, checked again: an attribute set afterwards names a key too."""
+    from .argument_checks import DATALOADER_KEYS, OTHER_ACCELERATOR_KEYS
 
-    def __init__(self, batch_size: int, dataset: Any, lengths: list[int] | None, model_input_name: str | None,
-                 seed: int | None = None) -> None:
-        from transformers.trainer_pt_utils import LengthGroupedSampler
-
-        grouped = LengthGroupedSampler(batch_size, dataset=dataset, lengths=lengths, model_input_name=model_input_name)
-        self.lengths, self.batch_size, self.seed = grouped.lengths, grouped.batch_size, seed
-        self._order: list[int] | None = None
-
-    def draw_pass_order(self, generator: torch.Generator) -> None:
-        """Draw the next pass's order from ``generator`` (every process draws; the main process's order is kept)."""
-        from transformers.trainer_pt_utils import get_length_grouped_indices
-
-        from trainkit.utils import broadcast_object_list
-
-        if self.seed is not None:
-            generator = torch.Generator().manual_seed(self.seed)
-        order = get_length_grouped_indices(self.lengths, self.batch_size, generator=generator)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            order = broadcast_object_list([order])[0]
-        self._order = order
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def __iter__(self):
-        if self._order is None:  # iterated outside a prepared loader: draw now, as transformers' sampler does
-            self.draw_pass_order(torch.default_generator)
-        order, self._order = self._order, None
-        return iter(order)
-
-
-def _lengths_and_input_name(trainer: Any, dataset: Any) -> tuple[Any, str | None]:
-    """The dataset's length column (``length_column_name``) and the processing class's first input name, as
-    transformers reads them for length grouping."""
-    args = trainer.args
-    columns = getattr(dataset, "column_names", None) or []
-    lengths = dataset[args.length_column_name] if args.length_column_name in columns else None
-    input_names = getattr(trainer.processing_class, "model_input_names", None)
-    return lengths, input_names[0] if input_names else None
-
-
-def train_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None:
-    """The sampler ``train_sampling_strategy`` names (None for a dataset without a length: its own order)."""
-    args = trainer.args
-    if not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
-        if args.train_sampling_strategy != "random":
-            raise ValueError(f"train_sampling_strategy={args.train_sampling_strategy!r} needs a dataset with len(); "
-                             "an iterable dataset is read in its own order.")
-        return None
-    if args.train_sampling_strategy == "sequential":
-        return torch.utils.data.SequentialSampler(dataset)
-    if args.train_sampling_strategy != "group_by_length":
-        return torch.utils.data.RandomSampler(dataset)
-    lengths, model_input_name = _lengths_and_input_name(trainer, dataset)
-    # Megabatches of a whole optimizer step's batches, as transformers groups them.
-    megabatch = args.per_device_train_batch_size * trainer.accelerator.config.gradient_accumulation_steps
-    return LengthGroupedPassSampler(megabatch, dataset, lengths, model_input_name)
-
-
-EVAL_ORDER_SEEDED_SINCE = (5, 16)
-"""From this transformers release a length-grouped evaluation order comes from ``data_seed`` (before: the global RNG)."""
-
-
-def eval_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None:
-    """The evaluation order: transformers' length-grouped one under ``group_by_length`` (from a generator seeded
-    with ``data_seed``, else ``seed``; before transformers 5.16 drawn from the global RNG at each evaluation), else
-    sequential; None for a dataset without a length."""
-    from .argument_fields import installed_transformers_release
-
-    args = trainer.args
-    if dataset is None or not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
-        return None
-    if args.train_sampling_strategy == "group_by_length":
-        lengths, model_input_name = _lengths_and_input_name(trainer, dataset)
-        seed = args.data_seed if args.data_seed is not None else args.seed
-        if installed_transformers_release() < EVAL_ORDER_SEEDED_SINCE:
-            seed = None
-        return LengthGroupedPassSampler(args.per_device_eval_batch_size, dataset, lengths, model_input_name, seed)
-    return torch.utils.data.SequentialSampler(dataset)
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+    for key in values:
+        check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where="TrainingArguments")
+    return values
 
 
 def prepare_model_features(trainer: Any, model: nn.Module) -> None:
@@ -148,10 +80,6 @@ def prepare_model_features(trainer: Any, model: nn.Module) -> None:
         from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
         _apply_liger_kernel_to_instance(model=model, **(args.liger_kernel_config or {}))
-    if args.neftune_noise_alpha is not None:
-        from .neftune import activate_neftune  # the installed transformers' hook, wherever that release has it
-
-        trainer.neftune_hook_handle = activate_neftune(model, args.neftune_noise_alpha)
     if "underflow_overflow" in args.debug:
         from transformers.debug_utils import DebugUnderflowOverflow
 
@@ -189,13 +117,27 @@ def _enable_activation_checkpointing(model: nn.Module, kwargs: dict[str, Any]) -
     method(**call)
 
 
+def label_smoother(args: Any, model: nn.Module) -> Any:
+    """``Trainer.label_smoother``: transformers' LabelSmoother for ``label_smoothing_factor``, else None. A model
+    configured for multi-label classification (independent sigmoid targets) gets none, with a warning, as in
+    transformers: smoothing a softmax over classes does not apply to it."""
+    if not args.label_smoothing_factor:
+        return None
+    if getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification":
+        warnings.warn(f"label_smoothing_factor={args.label_smoothing_factor} is not applied: Label smoothing is not "
+                      "compatible with multi-label classification (config.problem_type).", UserWarning, stacklevel=3)
+        return None
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    return LabelSmoother(epsilon=args.label_smoothing_factor)
+
+
 def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any], num_items_in_batch: Any = None,
                         model_kwargs: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, Any]:
-    """(loss, outputs) with transformers' LabelSmoother: labels are withheld from the model, and shifted by one
+    """(loss, outputs) with ``trainer.label_smoother``: labels are withheld from the model, and shifted by one
     for causal language models, as transformers does; the smoother divides by ``num_items_in_batch`` where the
     installed release's takes it (5.17 and later)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    from transformers.trainer_pt_utils import LabelSmoother
 
     from .data import call_model
 
@@ -204,7 +146,7 @@ def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any
     outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **(model_kwargs or {}))
     unwrapped = trainer.accelerator.unwrap_model(model)
     causal = unwrapped._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if hasattr(unwrapped, "_get_name") else False
-    smoother = LabelSmoother(epsilon=trainer.args.label_smoothing_factor)
+    smoother = trainer.label_smoother
     if num_items_in_batch is not None and "num_items_in_batch" in inspect.signature(smoother.__call__).parameters:
         return smoother(outputs, labels, shift_labels=causal, num_items_in_batch=num_items_in_batch), outputs
     return smoother(outputs, labels, shift_labels=causal), outputs
@@ -234,24 +176,44 @@ def maybe_empty_cache(args: Any, global_step: int, device: torch.device) -> None
         torch.cuda.empty_cache()
 
 
+def apply_log_level(args: Any) -> None:
+    """log_level (log_level_replica on the processes that do not log, per log_on_each_node) sets trainkit's
+    loggers and, as in transformers, transformers' verbosity; "passive" leaves both as they are."""
+    level = args.log_level if args.should_log else args.log_level_replica
+    if level != "passive":
+        logging.getLogger("trainkit").setLevel(getattr(logging, level.upper()))
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity(getattr(logging, level.upper()))
+
+
+def batch_size_to_resume(trainer: Any, folder: str | None) -> None:
+    """With auto_find_batch_size, a resume starts from the batch size the interrupted run had found."""
+    if folder and trainer.args.auto_find_batch_size:
+        from .checkpointing.resume import saved_train_batch_size
+
+        trainer._train_batch_size = saved_train_batch_size(folder) or trainer._train_batch_size
+
+
 def train_with_batch_size_search(trainer: Any, run: Callable[[], Any]) -> Any:
-    """Run training; on an out-of-memory error halve ``per_device_train_batch_size`` and start again (as
-    transformers' auto_find_batch_size; every process must hit the error together, as on equal GPUs)."""
+    """Run training; on an out-of-memory error take 90% of the training batch size (rounded down) and start
+    again, as transformers' auto_find_batch_size does (accelerate's find_executable_batch_size). The size is
+    ``trainer._train_batch_size`` (also ``state.train_batch_size``, so a resume starts from it); the arguments
+    stay as written. Every process must hit the error together, as on equal GPUs."""
     from trainkit.utils.memory import is_out_of_memory, release_memory
 
-    args = trainer.args
     while True:
         try:
             return run()
         except Exception as error:  # noqa: BLE001 - only out-of-memory errors are retried
-            if not is_out_of_memory(error) or args.per_device_train_batch_size <= 1:
+            smaller = int(trainer._train_batch_size * 0.9)
+            if not is_out_of_memory(error) or smaller < 1:
                 raise
             if trainer.optimizer is not None:
                 trainer.optimizer.zero_grad(set_to_none=True)
             release_memory()
-            args.per_device_train_batch_size //= 2
-            logger.warning("Out of memory: training again with per_device_train_batch_size=%d.",
-                           args.per_device_train_batch_size)
+            trainer._train_batch_size = smaller
+            logger.warning("Out of memory: training again with a training batch size of %d per process.", smaller)
 
 
 def replan_schedule(trainer: Any, max_steps: int) -> None:

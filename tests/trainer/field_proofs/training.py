@@ -71,7 +71,8 @@ def p_auto_find_batch_size(tmp_path):
     trainer = quick(tmp_path, model_init=lambda: model, auto_find_batch_size=True, per_device_train_batch_size=8,
                     max_steps=2, gradient_accumulation_steps=1)
     trainer.train()  # without the field, the first batch stops the run with the out-of-memory error
-    assert model.seen[:3] == [8, 4, 2] and set(model.seen[2:]) == {2}  # halved until it fits, then trained
+    # 90% of the size (rounded down) until it fits, as transformers' find_executable_batch_size, then trained
+    assert model.seen[:7] == [8, 7, 6, 5, 4, 3, 2] and set(model.seen[6:]) == {2}
 
 
 # --- optimizer and schedule: what torch's optimizer received, the rates each step used -----------------

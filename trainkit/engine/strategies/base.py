@@ -158,6 +158,7 @@ class Strategy:
         """Load sharded or full state (strict); ``from_rank0``: only rank 0's full state is read, then broadcast."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
+        full, from_rank0 = _only_with_process_group(full, from_rank0)
         set_model_state_dict(model, state_dict, options=StateDictOptions(
             full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0, strict=True))
 
@@ -209,8 +210,21 @@ class Strategy:
         if not state_dict.get("state"):
             _load_hyperparameters(optimizer, state_dict.get("param_groups", []))
             return
+        full, from_rank0 = _only_with_process_group(full, from_rank0)
         set_optimizer_state_dict(model, optimizer, state_dict, options=StateDictOptions(
             full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0))
+
+
+def _only_with_process_group(full: bool, from_rank0: bool) -> tuple[bool, bool]:
+    """``full``/``from_rank0`` as torch's loaders should see them. Without a process group (one process that
+    never initialised torch.distributed) every tensor is already whole, so the local path is the same load;
+    torch's full-state path would also ask the default group for a device when the model's tensors are all
+    0-dimensional (a model of scalar parameters), and fail."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return full, from_rank0
+    return False, False
 
 
 def _load_hyperparameters(optimizer: torch.optim.Optimizer, saved_groups: list[dict[str, Any]]) -> None:

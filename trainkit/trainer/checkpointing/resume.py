@@ -65,6 +65,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
                            "states start afresh, so the run will not continue exactly.", folder)
         load_model_weights(trainer, folder, checksums=verify_checksums)
     loaded = TrainerState.load_from_json(os.path.join(folder, TRAINER_STATE_NAME))
+    _warn_about_changed_plan(trainer, loaded, folder)
     _adopt_state(trainer, loaded)
 
     if trainer.args.ignore_data_skip:  # transformers' meaning: the current epoch starts again from its first batch
@@ -99,6 +100,27 @@ def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader:
     accelerator.config = accelerator.config.replace(rescale.source, gradient_accumulation_steps=rescale.accumulation)
     if accelerator.is_main_process:
         logger.warning("trainkit: %s", rescale.describe(previous, accelerator.num_processes))
+
+
+def saved_train_batch_size(folder: str) -> int | None:
+    """The per-process training batch size ``folder``'s run used (its trainer_state.json), None if unknown."""
+    from ..callbacks import TrainerState
+
+    path = os.path.join(folder, TRAINER_STATE_NAME)
+    if not os.path.isfile(path):
+        return None
+    return TrainerState.load_from_json(path).train_batch_size
+
+
+def _warn_about_changed_plan(trainer: Trainer, loaded: Any, folder: str) -> None:
+    """One warning listing the intervals and batch size that differ from the checkpoint's (the run keeps its own)."""
+    pairs = [(name, getattr(trainer.state, name), getattr(loaded, name)) for name in ("logging_steps", "eval_steps", "save_steps")]
+    pairs.append(("per_device_train_batch_size", trainer.state.train_batch_size, loaded.train_batch_size))
+    changed = [f"{name}: {now} (from args) != {saved} (from trainer_state.json)"
+               for name, now, saved in pairs if now is not None and saved is not None and now != saved]
+    if changed and trainer.accelerator.is_main_process:
+        logger.warning("Resuming from %s with settings that differ from the checkpoint's; this run's are used:\n  %s",
+                       folder, "\n  ".join(changed))
 
 
 def _adopt_state(trainer: Trainer, loaded: Any) -> None:

@@ -74,6 +74,7 @@ def hp_search_setup(trainer: Any, trial: Any) -> None:
         setattr(trainer.args, key, type(current)(value) if current is not None else value)
     if backend == "optuna":
         logger.info("Trial: %s", trial.params)
+    trainer._train_batch_size = trainer.args.per_device_train_batch_size  # a trial may change it (as transformers)
     _fresh_engine(trainer)
 
 
@@ -83,7 +84,7 @@ def _fresh_engine(trainer: Any) -> None:
     from ..callbacks import TrackerCallback
 
     trainer.accelerator = trainer.create_accelerator()
-    for callback in trainer.callback_handler.callbacks:
+    for callback in trainer.callback_handler.engine_callbacks:
         if isinstance(callback, TrackerCallback):
             callback.accelerator, callback.started = trainer.accelerator, False
     trainer.model_wrapped = trainer.model
