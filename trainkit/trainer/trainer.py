@@ -103,8 +103,7 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
-        self._train_batch_size = self.args.per_device_train_batch_size
-        """The per-process training batch: the arguments', or what auto_find_batch_size found (args stay as written)."""
+        self._train_batch_size = self.args.per_device_train_batch_size  # or what auto_find_batch_size found
         self.label_names = self.args.label_names or default_label_names(model)
         self.label_smoother = wiring.label_smoother(self.args, model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
