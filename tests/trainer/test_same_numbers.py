@@ -72,6 +72,39 @@ def test_num_items_in_batch_is_transformers_count(tmp_path, task):
     assert ours is not None and int(ours) == int(theirs)
 
 
+@oracle
+def test_model_init_reseeds_and_rebuilds_at_every_train_as_transformers(tmp_path):
+    """With a model_init, train() seeds and builds a fresh model (and optimizer) each time, as transformers' does: an
+    evaluation and a draw of the script's before training change nothing, and a second train() repeats the first."""
+    from tests.trainer.oracle_workload import collator, examples, model
+
+    def runs(library):
+        losses: list[float] = []
+
+        class Record(library.TrainerCallback):
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                if "loss" in logs:
+                    losses.append(logs["loss"])
+
+        args = library.TrainingArguments(str(tmp_path / library.__name__), per_device_train_batch_size=8, max_steps=3,
+                                         logging_steps=1, learning_rate=5e-3, save_strategy="no", report_to="none",
+                                         use_cpu=True, disable_tqdm=True, seed=42)
+        trainer = library.Trainer(model_init=lambda: model("bert"), args=args, train_dataset=examples(32, 1, True),
+                                  eval_dataset=examples(8, 2, True), data_collator=collator("bert"),
+                                  callbacks=[Record()])
+        trainer.evaluate()  # draws an evaluation pass's base seed from the global generator
+        torch.randn(3)
+        trainer.train()
+        first = trainer.model.classifier.weight.detach().clone()
+        trainer.train()
+        return losses, first, trainer.model.classifier.weight.detach().clone()
+
+    (theirs, their_first, their_second), (ours, our_first, our_second) = runs(transformers), runs(trainkit)
+    assert len(ours) == 6 and ours == theirs
+    assert ours[:3] == ours[3:]  # the second train() starts from scratch
+    assert torch.equal(our_first, their_first) and torch.equal(our_second, our_first)
+
+
 def test_resumed_run_ends_bitwise_like_the_uninterrupted_one(tmp_path):
     """Dropout and masking: the checkpoint stores each process's random states and the draws of the pass in
     progress (the batch read ahead was already masked when it was taken)."""
