@@ -80,7 +80,7 @@ def train(library: Any, task: str, output_dir: str, resume: str | None = None, s
           **arguments: Any) -> dict[str, Any]:
     """Train ``task`` with ``library``'s Trainer (``trainkit`` or ``transformers``, the module): 32 training examples
     in batches of 8 (4 optimizer steps per epoch), 6 steps, an evaluation every 3. Returns per-step losses and
-    gradient norms, the evaluation losses, the train loss and the final weights."""
+    gradient norms, the evaluation losses, the train loss, the final weights and ``state.log_history``."""
     from transformers import set_seed
 
     losses: list[float] = []
@@ -112,7 +112,13 @@ def train(library: Any, task: str, output_dir: str, resume: str | None = None, s
     output = trainer.train(resume_from_checkpoint=resume)
     weights = {name: tensor.detach().cpu().clone() for name, tensor in trainer.model.state_dict().items()}
     return {"losses": losses, "grad_norms": norms, "eval_losses": evaluations, "train_loss": output.training_loss,
-            "weights": weights}
+            "weights": weights, "log_history": trainer.state.log_history}
+
+
+def timeless(log_history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``log_history`` with its clock readings (runtimes and rates) as None: every key kept, every other value."""
+    return [{key: None if key.endswith(("_runtime", "_per_second")) else value for key, value in entry.items()}
+            for entry in log_history]
 
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:

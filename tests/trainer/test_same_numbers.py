@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import trainkit
-from tests.trainer.oracle_workload import train
+from tests.trainer.oracle_workload import timeless, train
 from trainkit.trainer.argument_fields import installed_transformers_release as transformers_release
 
 import transformers
@@ -35,6 +35,8 @@ def assert_same_run(ours: dict, theirs: dict, resumed: bool = False) -> None:
         keys.append("train_loss")
     for key in keys:
         assert ours[key] == theirs[key], key  # floats from the same tensors: equal to the bit
+    # every entry with transformers' keys (per step: loss, grad_norm, learning_rate, epoch, step) and values
+    assert timeless(ours["log_history"]) == timeless(theirs["log_history"])
     assert ours["weights"].keys() == theirs["weights"].keys()
     for name, tensor in theirs["weights"].items():
         assert torch.equal(ours["weights"][name], tensor), name
@@ -43,9 +45,11 @@ def assert_same_run(ours: dict, theirs: dict, resumed: bool = False) -> None:
 @oracle
 @pytest.mark.parametrize("task, extra", [
     ("bert", {}),  # dropout; the evaluations draw a base seed too
-    ("mlm", {"dataloader_num_workers": 1}),  # masking drawn in a worker seeded as transformers seeds it
+    # masking drawn in a worker seeded as transformers seeds it; the token counts logged at each step
+    ("mlm", {"dataloader_num_workers": 1, "include_num_input_tokens_seen": "all"}),
     ("gpt2", {"gradient_accumulation_steps": 2}),  # loss over num_items_in_batch as transformers counts it
-    ("llama", GROUP_BY_LENGTH),  # its order drawn from the global RNG at each pass (an evaluation at step 3 too)
+    # its order drawn from the global RNG at each pass (an evaluation at step 3 too)
+    ("llama", GROUP_BY_LENGTH),
 ])
 def test_the_same_numbers_as_transformers_trainer(tmp_path, task, extra):
     theirs = train(transformers, task, str(tmp_path / "transformers"), **extra)

@@ -268,13 +268,14 @@ def _plain_number(value):
     return value
 
 
-def speed_metrics(prefix: str, start_time: float, num_samples: int | None = None, num_steps: int | None = None) -> dict[str, float]:
-    """``{prefix}_runtime``, ``_samples_per_second`` and ``_steps_per_second`` since ``start_time``."""
+def speed_metrics(prefix: str, start_time: float, num_samples: int | None = None, num_steps: int | None = None,
+                  num_tokens: float | None = None) -> dict[str, float]:
+    """``{prefix}_runtime``, ``_samples_per_second``, ``_steps_per_second`` and ``_tokens_per_second`` since
+    ``start_time`` (a ``time.perf_counter()``)."""
     runtime = time.perf_counter() - start_time
     metrics = {f"{prefix}_runtime": round(runtime, 4)}
     if runtime > 0:
-        if num_samples is not None:
-            metrics[f"{prefix}_samples_per_second"] = round(num_samples / runtime, 3)
-        if num_steps is not None:
-            metrics[f"{prefix}_steps_per_second"] = round(num_steps / runtime, 3)
+        for name, count in (("samples", num_samples), ("steps", num_steps), ("tokens", num_tokens)):
+            if count is not None:
+                metrics[f"{prefix}_{name}_per_second"] = round(count / runtime, 3)
     return metrics

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from . import hub, hyperparameter_search as hp_search, loss_items, optim, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
-                        TrainerControl, TrainerState)
+                        TrainerControl, TrainerState, add_to_next_tracker_log)
 from .checkpointing import files as checkpoints, preemption, resume
 from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
@@ -31,7 +31,8 @@ from .data import (ItemCounter, call_model, default_collator, default_label_name
                    remove_unused_columns, samples_in, split_loss, tokens_in, unprepared_loader)
 from .evaluation import EvalLoopOutput, PredictionOutput, evaluation_loop as run_evaluation_loop, speed_metrics
 from .neftune import neftune_while_training
-from .meter import TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, training_logs, write_metrics_file
+from .meter import (TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, throughput_logs,
+                    training_logs, write_metrics_file)
 from .deepspeed import scheduler_from_config
 from .optim import build_scheduler
 from .sampling import SamplingHooks
@@ -317,6 +318,7 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
         if args.eval_on_start:
             self._evaluate_during_training(ignore_keys_for_eval)
         start, start_step = time.perf_counter(), state.global_step
+        self._train_start, self._initial_num_input_tokens_seen = start, state.num_input_tokens_seen
         first_epoch = state.global_step // plan.steps_per_epoch if plan.steps_per_epoch else loader_epoch(train_dataloader)
         for epoch in range(first_epoch, plan.num_epochs):
             steps_in_epoch = start_at.steps_done_in_epoch if epoch == first_epoch else 0
@@ -442,7 +444,8 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
             rate = self._step_learning_rate
             if rate is None:
                 rate = current_learning_rate(self.lr_scheduler, self.optimizer)
-            self.log(training_logs(values, self._last_grad_norm, rate))
+            add_to_next_tracker_log(self.callback_handler, throughput_logs(values))
+            self.log(training_logs(values, self._last_grad_norm, rate), self._train_start)
 
     def _count_tokens(self, tokens: float) -> None:
         self.state.total_flos += 6.0 * self._num_parameters * tokens
@@ -580,13 +583,15 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
         """Record ``logs`` (with epoch and step) in ``state.log_history`` and send them to the callbacks and trackers.
 
         ``epoch`` (and the token count) are added to ``logs`` itself, as transformers does: the metrics that
-        ``train()`` and ``evaluate()`` return, and scripts save with ``save_metrics``, carry the epoch."""
+        ``train()`` and ``evaluate()`` return, and scripts save with ``save_metrics``, carry the epoch. With
+        ``include_num_input_tokens_seen``, ``start_time`` (the run's ``time.perf_counter()``) adds its token rate."""
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
-        if self.args.include_num_input_tokens_seen != "no":
+        if self.args.include_num_input_tokens_seen != "no":  # with this run's token rate, as transformers
             logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
-        if start_time is not None:
-            logs.update(speed_metrics("train", start_time))
+            if start_time is not None:
+                tokens = self.state.num_input_tokens_seen - getattr(self, "_initial_num_input_tokens_seen", 0)
+                logs.update(speed_metrics("train", start_time, num_tokens=tokens))
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
 
