@@ -142,6 +142,22 @@ def test_resuming_a_checkpoint_transformers_wrote(tmp_path):
 
 
 @oracle
+def test_resuming_from_the_last_checkpoint_trains_nothing_and_reports_transformers_zero_loss(tmp_path):
+    """Each Trainer resumes its own final checkpoint, at the end of the last epoch (8 steps, 4 an epoch): no step
+    runs, train_loss is 0.0 (it was NaN) and the history (restored from the checkpoint, plus the closing entry) is
+    transformers'. (A final step inside an epoch is not an end for either: both train that epoch's next window.)"""
+    outputs = {}
+    for library in (transformers, trainkit):
+        run = str(tmp_path / library.__name__)
+        train(library, "bert", run, max_steps=8, save_strategy="steps", save_steps=4)
+        outputs[library.__name__] = train(library, "bert", run, max_steps=8, save_strategy="steps", save_steps=4,
+                                          resume=f"{run}/checkpoint-8")
+    theirs, ours = outputs["transformers"], outputs["trainkit"]
+    assert ours["losses"] == theirs["losses"] == [] and ours["train_loss"] == theirs["train_loss"] == 0.0
+    assert timeless(ours["log_history"]) == timeless(theirs["log_history"])
+
+
+@oracle
 def test_a_causal_lm_resumed_from_transformers_mid_epoch_with_accumulation(tmp_path):
     """The data position (two windows of two batches skipped) and the schedule continue as in transformers."""
     run = str(tmp_path / "transformers")

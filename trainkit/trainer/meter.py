@@ -118,8 +118,9 @@ class TrainingMeter:
 
     @property
     def train_loss(self) -> float:
-        """Mean loss over every step flushed so far."""
-        return self.total_loss / self.total_steps if self.total_steps else float("nan")
+        """Mean loss over every step flushed so far; 0.0 before any (a run resumed from its last checkpoint trains
+        no step: transformers reports 0.0 then)."""
+        return self.total_loss / self.total_steps if self.total_steps else 0.0
 
 
 THROUGHPUT_KEYS = ("samples_per_second", "tokens_per_second", "step_time", "mfu")
