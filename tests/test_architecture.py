@@ -196,3 +196,18 @@ def test_no_function_over_the_line_limit_unless_allowed() -> None:
                     long_functions[key] = length
     assert long_functions == {}
     assert all(reason.strip() for reason in LONG_FUNCTIONS_ALLOWED.values())
+
+
+def test_every_type_ignore_names_its_code_and_reason() -> None:
+    """An inline ``# type: ignore[code]`` keeps a reason after it (``# type: ignore[override]  # Accelerate's``);
+    a bare ``# type: ignore`` hides every error of its line and is refused."""
+    import re
+
+    pattern = re.compile(r"#\s*type:\s*ignore(?P<codes>\[[^\]]*\])?(?P<rest>.*)$")
+    bare = []
+    for path, _ in MODULES.values():
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            match = pattern.search(line)
+            if match and (not match["codes"] or not match["rest"].strip().lstrip("#").strip()):
+                bare.append(f"{path.relative_to(PACKAGE_ROOT.parent)}:{number}")
+    assert not bare, f"type: ignore without an error code or a reason: {bare}"

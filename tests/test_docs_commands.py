@@ -31,6 +31,8 @@ SKIPPED: dict[str, str] = {
     "bash scripts/main.sh": "creates .venv/ and installs packages from the registry (network); the command it "
                             "runs is the recipes.md launch of trainer_mnist_cnn.py, which runs here",
     "bash scripts/test.sh": "the whole test suite (this test is part of it); creates .venv/ (network)",
+    "trainkit launch --nnodes 1 --nproc_per_node 2 train.py": "the same 2-process launch runs in "
+        "tests/cli/test_torchrun_spellings.py::test_nnodes_nproc_per_node_trains_on_two_processes",
     "trainkit launch --num_processes 8 train.py": "8 GPUs (8 processes on CPU would say nothing the 2-process "
                                                   "launches here do not)",
     "python recipes/imdb/trainer_imdb_finetune.py --bf16": "downloads bert-base-uncased and IMDB (network), "

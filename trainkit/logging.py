@@ -15,7 +15,8 @@ from typing import Any
 class MultiProcessAdapter(logging.LoggerAdapter):
     """Filters records by process: the main process only, by default."""
 
-    def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True, in_order: bool = False, **kwargs: Any) -> None:
+    def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True,  # type: ignore[override]  # Accelerate's
+            in_order: bool = False, **kwargs: Any) -> None:
         if not self.isEnabledFor(level):
             return
         rank = int(os.environ.get("RANK", 0))

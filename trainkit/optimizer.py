@@ -30,7 +30,7 @@ def patch_optimizer_step(accelerated_optimizer: AcceleratedOptimizer, method: Ca
     """``method`` wrapped to record, on ``accelerated_optimizer``, that a step was really called."""
 
     def patched_step(*args: Any, **kwargs: Any) -> Any:
-        accelerated_optimizer._accelerate_step_called = True  # type: ignore[attr-defined]
+        accelerated_optimizer._accelerate_step_called = True  # type: ignore[attr-defined]  # Accelerate's marker, read by its scripts
         return method(*args, **kwargs)
 
     return patched_step

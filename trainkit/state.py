@@ -59,7 +59,7 @@ class PartialState(metaclass=_SharedStateAlias):
 
     target = ProcessState
 
-    def __new__(cls, cpu: bool = False, **kwargs: Any) -> ProcessState:  # type: ignore[misc]
+    def __new__(cls, cpu: bool = False, **kwargs: Any) -> ProcessState:  # type: ignore[misc]  # Accelerate's class is a view of the engine's object
         return ProcessState.get(cpu=cpu or None)  # False is Accelerate's default, not a request: --cpu applies
 
     @staticmethod
@@ -72,7 +72,7 @@ class AcceleratorState(PartialState):
     """Accelerate's ``AcceleratorState()``: the same process state; Accelerator-level values come from
     the newest Accelerator (``distributed_type``, ``mixed_precision``, ``fsdp_plugin``)."""
 
-    def __new__(cls, mixed_precision: str | None = None, cpu: bool = False, dynamo_plugin: Any = None,  # type: ignore[misc]
+    def __new__(cls, mixed_precision: str | None = None, cpu: bool = False, dynamo_plugin: Any = None,  # type: ignore[misc]  # a view of the engine's object
                 deepspeed_plugin: Any = None, fsdp_plugin: Any = None, torch_tp_plugin: Any = None,
                 megatron_lm_plugin: Any = None, parallelism_config: Any = None, _from_accelerator: bool = False,
                 **kwargs: Any) -> ProcessState:
@@ -102,7 +102,7 @@ class GradientState(metaclass=_SharedStateAlias):
 
     target = _EngineGradientState
 
-    def __new__(cls, gradient_accumulation_plugin: Any = None) -> _EngineGradientState:  # type: ignore[misc]
+    def __new__(cls, gradient_accumulation_plugin: Any = None) -> _EngineGradientState:  # type: ignore[misc]  # a view of the engine's object
         state = ProcessState._instance
         accelerator = state.accelerator if state is not None and not state.gradient_state_cleared else None
         if accelerator is not None:

@@ -91,7 +91,7 @@ def __getattr__(name: str) -> Any:
         def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
             raise NotImplementedError(f"{name}: {NOT_DRIVEN[name]}.")
 
-        refuse.__signature__ = accelerate_signature(name, method=True)  # type: ignore[attr-defined]
+        refuse.__signature__ = accelerate_signature(name, method=True)  # type: ignore[attr-defined]  # Accelerate's signature, for inspect
 
         placeholder = type(name, (GeneralTracker,), {"__init__": refuse, "name": _NOT_BUILT_IN[name],
                                                      "requires_logging_directory": False, "__module__": __name__})

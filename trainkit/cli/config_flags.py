@@ -11,90 +11,48 @@ import argparse
 import os
 from typing import Any
 
-from trainkit.config import (
-    DISTRIBUTED_TYPES,
-    MIXED_PRECISIONS,
-    RDZV_BACKENDS,
-    FSDPOptions,
-    LaunchConfig,
-    default_config_path,
-    read_mapping_file,
-)
-from trainkit.config.parallelism import LAUNCH_KEYS as PARALLELISM_LAUNCH_KEYS
+from trainkit.config import FSDPOptions, LaunchConfig, default_config_path, read_mapping_file
+from trainkit.config.deepspeed import DEEPSPEED_YAML_OPTIONS
+from trainkit.config.dynamo import DYNAMO_OPTIONS
+from trainkit.config.engine_options import USE_CPU
+from trainkit.config.options import declared_options, flag_options
+from trainkit.config.precision import option_blocks
 from trainkit.config.parallelism import LAUNCH_PREFIX as PARALLELISM_PREFIX
+from trainkit.config.parallelism import PARALLELISM_OPTIONS
 
 from trainkit.config.fsdp import ALIASES as FSDP_ALIASES
 
 from .slurm import slurm_layer
 from .torchrun_env import torchrun_env_layers
+from .torchrun_flags import torchrun_layers
 
 FLAG_SOURCE = "flag"
 # Accelerate's launcher flags with other spellings of an FSDP option (config.fsdp.ALIASES), and its
 # --fsdp_version (accepted and reported as unused: trainkit runs FSDP2 only).
 _EXTRA_FSDP_FLAGS = ("backward_prefetch_policy", "reshard_after_forward", "version")
-# Flags that map straight onto a LaunchConfig key of the same name, with their argparse type and help.
-_PLAIN_FLAGS: dict[str, tuple[Any, str]] = {
-    "num_processes": (int, "Total processes over all machines (as in Accelerate)."),
-    "num_machines": (str, "Number of machines (nodes), or MIN:MAX for an elastic job (c10d rendezvous; machines "
-                     "may leave and join, the workers resume with the same global batch)."),
-    "machine_rank": (int, "This machine's rank, 0 .. num_machines-1."),
-    "main_process_ip": (str, "Address of machine 0 (multi-machine jobs)."),
-    "main_process_port": (int, "Rendezvous port on machine 0 (default: a free port on one machine, 29500 on several)."),
-    "rdzv_backend": (str, f"Rendezvous backend for several machines: {', '.join(RDZV_BACKENDS)}."),
-    "rdzv_conf": (str, "Extra c10d rendezvous options, key=value,... (e.g. last_call_timeout=5)."),
-    "max_restarts": (int, "Restart the whole worker group up to K times after a failure."),
-    "monitor_interval": (float, "Seconds between checks of worker health."),
-    "mixed_precision": (str, f"Mixed precision: {', '.join(MIXED_PRECISIONS)}."),
-    "gradient_accumulation_steps": (int, "Default gradient accumulation steps for the script's Accelerator."),
-    "num_cpu_threads_per_process": (int, "OMP_NUM_THREADS per worker (default: cores / processes per machine)."),
-    "collective_timeout": (float, "Seconds before a collective that never completes fails the job (default 600)."),
-    "preemption_signals": (str, "Signals forwarded to every worker, which then save a checkpoint and stop "
-                           "(default SIGTERM,SIGINT,SIGUSR1; see docs/preemption.md)."),
-    "preemption_grace_period": (int, "Seconds to wait for the workers to save and exit after a forwarded signal, "
-                                "before SIGKILL (default 90)."),
-    "gpu_ids": (str, "GPUs to use on this machine: 'all' or a comma-separated list."),
-    "distributed_type": (str, f"One of {', '.join(DISTRIBUTED_TYPES)} (normally implied by the flags below)."),
-}
+# Flags that map straight onto a LaunchConfig key of the same name: every key whose declaration has a flag
+# (config/launch.py; its argparse type and help come from the declaration).
+_PLAIN_FLAGS = flag_options(LaunchConfig)
 # DeepSpeed flags (Accelerate's): they fill the launch config's ``deepspeed_config`` block and imply
 # distributed_type DEEPSPEED, which trainkit runs on FSDP2/DDP (docs/deepspeed.md).
-_DEEPSPEED_FLAGS = {
-    "zero_stage": "ZeRO stage 0-3 (3 = FSDP2 FULL_SHARD, 2 = SHARD_GRAD_OP, 1 = sharded optimizer state).",
-    "offload_optimizer_device": "none | cpu (with --offload_param_device cpu and stage 3).",
-    "offload_param_device": "none | cpu (with --offload_optimizer_device cpu and stage 3).",
-    "offload_optimizer_nvme_path": "Refused: FSDP2 offloads to CPU memory only.",
-    "offload_param_nvme_path": "Refused: FSDP2 offloads to CPU memory only.",
-    "gradient_clipping": "Clip gradients to this total norm before each optimizer step.",
-    "zero3_init_flag": "true: build the model on the meta device, rank 0 loads the weights.",
-    "zero3_save_16bit_model": "true: save full (gathered) weights instead of shards.",
-    "deepspeed_config_file": "A DeepSpeed JSON config (\"auto\" values allowed).",
-    "deepspeed_hostfile": "Refused: DeepSpeed's launcher; use --num_machines/--main_process_ip.",
-    "deepspeed_multinode_launcher": "Only 'standard' (torchrun on each machine).",
-    "deepspeed_inclusion_filter": "Refused: DeepSpeed's launcher.",
-    "deepspeed_exclusion_filter": "Refused: DeepSpeed's launcher.",
-    "deepspeed_moe_layer_cls_names": "Refused: DeepSpeed's MoE leaf modules.",
-}
-# torch.compile flags (Accelerate's): they fill the launch config's ``dynamo_config`` block.
-_DYNAMO_FLAGS = {
-    "dynamo_backend": "torch.compile backend for prepared models (inductor, aot_eager, ...; no = off).",
-    "dynamo_mode": "torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs.",
-    "dynamo_use_fullgraph": "true: fail on graph breaks instead of splitting the graph.",
-    "dynamo_use_dynamic": "true: compile for dynamic shapes.",
-    "dynamo_use_regional_compilation": "true: compile the repeated block once instead of the whole model.",
-}
+_DEEPSPEED_FLAGS = {key: option.help for key, option in DEEPSPEED_YAML_OPTIONS.items() if option.flag}
+# torch.compile flags (Accelerate's): they fill the launch config's ``dynamo_config`` block (declared in
+# config/dynamo.py).
+_DYNAMO_FLAGS = {key: option.help for key, option in DYNAMO_OPTIONS.items()}
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Add every flag that sets a config key (shared by `launch` and `config`)."""
     group = parser.add_argument_group("configuration (override the config file)")
     group.add_argument("--config_file", default=None, help=f"YAML or JSON config file (default: {default_config_path()}).")
-    for name, (kind, text) in _PLAIN_FLAGS.items():
-        group.add_argument(f"--{name}", type=kind, default=None, help=text)
+    for name, option in _PLAIN_FLAGS.items():
+        group.add_argument(f"--{name}", type=option.flag_type, default=None, help=option.help)
     group.add_argument("--cpu", "--use_cpu", dest="use_cpu", action="store_const", const=True, default=None,
-                       help="Run on CPU even where GPUs exist.")
+                       help=USE_CPU.help)
     group.add_argument("--multi_gpu", action="store_const", const=True, default=None,
                        help="Accelerate's flag: distributed_type MULTI_GPU (CPU with gloo where no GPU exists).")
     group.add_argument("--debug", action="store_const", const=True, default=None,
-                       help="Check that every rank calls the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL).")
+                       help=declared_options(LaunchConfig)["debug"].help)
     group.add_argument("--same_network", action="store_const", const=True, default=None, help=argparse.SUPPRESS)
     deepspeed = parser.add_argument_group("DeepSpeed configs, run on FSDP2 (each flag implies --use_deepspeed)")
     deepspeed.add_argument("--use_deepspeed", action="store_const", const=True, default=None,
@@ -104,12 +62,17 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     dynamo = parser.add_argument_group("torch.compile")
     for name, text in _DYNAMO_FLAGS.items():
         dynamo.add_argument(f"--{name}", type=str, default=None, metavar="VALUE", help=text)
+    for block, (mode, declaration) in option_blocks().items():  # a mixed precision's own options
+        precision_group = parser.add_argument_group(f"mixed precision {mode} ({block}: block)")
+        for name, option in declared_options(declaration.options).items():
+            precision_group.add_argument(f"--{declaration.flag_prefix}{name}", type=str, default=None, metavar="VALUE",
+                               help=option.help)
     parallelism = parser.add_argument_group("ParallelismConfig (the launch config's parallelism_config: block)")
     parallelism.add_argument("--use_parallelism_config", action="store_const", const=True, default=None,
                              help="Accelerate's flag; accepted (the --parallelism_config_* sizes decide).")
-    for name in PARALLELISM_LAUNCH_KEYS:
+    for name, option in PARALLELISM_OPTIONS.items():
         parallelism.add_argument(f"--{PARALLELISM_PREFIX}{name}", type=str, default=None, metavar="VALUE",
-                                 help=_PARALLELISM_DOCS[name])
+                                 help=option.help)
     fsdp = parser.add_argument_group("FSDP (each --fsdp_* flag implies --use_fsdp)")
     fsdp.add_argument("--use_fsdp", action="store_const", const=True, default=None, help="distributed_type FSDP.")
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
@@ -117,21 +80,6 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         # the script path in `--fsdp_offload_params train.py`. Values stay text: the config layer validates them.
         fsdp.add_argument(f"--fsdp_{name}", type=str, default=None, metavar="VALUE",
                           help=_fsdp_help(name))
-
-
-_PARALLELISM_DOCS = {
-    "dp_replicate_size": "Full model copies; gradients all-reduced across them (-1: the rest of the processes).",
-    "dp_shard_size": "Processes each copy is sharded across with FSDP2 (-1: the rest).",
-    "tp_size": "Processes each layer is split across (tensor parallel, by the model's TP plan).",
-    "cp_size": "Processes each sequence is split across, attention by torch's ring attention (CUDA only).",
-    "sp_size": "Processes each sequence is split across, attention by Ulysses all-to-all over the heads.",
-    "cp_backend": "torch (the only value).",
-    "sp_backend": "deepspeed (the only value: the Ulysses algorithm, run on torch's collectives).",
-    "cp_comm_strategy": "allgather (default) or alltoall: how the ring passes key/value shards (cp_size > 1).",
-    "sp_seq_length": "The length every batch has, checked when --parallelism_config_sp_seq_length_is_variable false.",
-    "sp_seq_length_is_variable": "true (default): any batch length, padded to a multiple of sp_size; false: fixed.",
-    "sp_attn_implementation": "Attention run on the gathered sequence: sdpa (default), flash_attention_2/3.",
-}
 
 
 def _fsdp_help(name: str) -> str:
@@ -163,7 +111,12 @@ def flags_to_mapping(args: argparse.Namespace) -> dict[str, Any]:
     dynamo = {name: getattr(args, name) for name in _DYNAMO_FLAGS if getattr(args, name, None) is not None}
     if dynamo:
         mapping["dynamo_config"] = dynamo
-    parallelism = {PARALLELISM_PREFIX + name: getattr(args, PARALLELISM_PREFIX + name) for name in PARALLELISM_LAUNCH_KEYS
+    for block, (_, declaration) in option_blocks().items():
+        given = {name: getattr(args, declaration.flag_prefix + name) for name in declared_options(declaration.options)
+                 if getattr(args, declaration.flag_prefix + name, None) is not None}
+        if given:
+            mapping[block] = given
+    parallelism = {PARALLELISM_PREFIX + name: getattr(args, PARALLELISM_PREFIX + name) for name in PARALLELISM_OPTIONS
                    if getattr(args, PARALLELISM_PREFIX + name, None) is not None}
     if parallelism:
         mapping["parallelism_config"] = parallelism
@@ -193,6 +146,7 @@ def config_layers(args: argparse.Namespace, *, read_default_file: bool = True) -
     if slurm is not None:
         layers.append(slurm)
     layers.append((flags_to_mapping(args), FLAG_SOURCE))
+    layers.extend(torchrun_layers(args, layers))  # torchrun's spellings (--nnodes ...), one layer each, named
     return layers
 
 

@@ -10,9 +10,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
-from trainkit.config import ConfigError, FSDPOptions, did_you_mean
-from trainkit.config.fsdp import AUTO_WRAP_POLICIES, BACKWARD_PREFETCH, SHARDING_STRATEGIES, STATE_DICT_TYPES
+from trainkit.config import ConfigError, FSDPOptions, LaunchConfig, did_you_mean
 from trainkit.config.machine import gpus_probably_present
+from trainkit.config.options import declared_options
+from trainkit.config.precision import MIXED_PRECISION
 
 _MAX_ATTEMPTS = 3
 
@@ -108,11 +109,12 @@ def ask_launch_config(asker: Asker) -> dict[str, Any]:
         config["machine_rank"] = asker.integer("What is the rank of this machine (0 = main)?", 0, minimum=0)
         config["main_process_ip"] = asker.text("What is the IP address of machine 0?", "127.0.0.1")
         config["main_process_port"] = asker.integer("Which port on machine 0 for the rendezvous?", 29500, minimum=1)
-        config["rdzv_backend"] = asker.choice("Which rendezvous backend?", ["static", "c10d"], "static")
+        backend = declared_options(LaunchConfig)["rdzv_backend"]
+        config["rdzv_backend"] = asker.choice("Which rendezvous backend?", backend.choices, backend.default)
         config["same_network"] = asker.yes_no("Are all machines on the same local network?", True)
     gpus = gpus_probably_present()
     config["use_cpu"] = asker.yes_no("Run on CPU only (even where GPUs exist)?", not gpus)
-    config["mixed_precision"] = asker.choice("Mixed precision?", ["no", "fp16", "bf16"], "no")
+    config["mixed_precision"] = asker.choice("Mixed precision?", MIXED_PRECISION.choices, MIXED_PRECISION.default)
     use_fsdp = asker.yes_no("Use FSDP (shard parameters, gradients and optimizer state)?", False)
     if use_fsdp:
         config["fsdp_config"] = ask_fsdp_options(asker)
@@ -132,15 +134,17 @@ def ask_launch_config(asker: Asker) -> dict[str, Any]:
 
 
 def ask_fsdp_options(asker: Asker) -> dict[str, Any]:
-    """The FSDP questions, each with its choices; answers keyed with Accelerate's ``fsdp_`` prefix."""
+    """The FSDP questions, each with its declared choices and default; answers keyed with Accelerate's ``fsdp_``
+    prefix."""
     defaults = FSDPOptions()
+    declared = declared_options(FSDPOptions)
     options: dict[str, Any] = {
         # Numbered 1-5 as FSDP itself numbers them (ShardingStrategy) and as the guides say "select 1 for FULL_SHARD".
-        "fsdp_sharding_strategy": asker.choice("Sharding strategy?", SHARDING_STRATEGIES, defaults.sharding_strategy,
-                                               first_number=1),
+        "fsdp_sharding_strategy": asker.choice("Sharding strategy?", declared["sharding_strategy"].choices,
+                                               defaults.sharding_strategy, first_number=1),
         "fsdp_offload_params": asker.yes_no("Offload parameters and optimizer state to CPU?", defaults.offload_params),
     }
-    policy = asker.choice("Auto-wrap policy?", AUTO_WRAP_POLICIES, "TRANSFORMER_BASED_WRAP")
+    policy = asker.choice("Auto-wrap policy?", declared["auto_wrap_policy"].choices, "TRANSFORMER_BASED_WRAP")
     options["fsdp_auto_wrap_policy"] = policy
     if policy == "TRANSFORMER_BASED_WRAP":
         layers = asker.text("Layer classes to wrap, comma-separated (empty: the model's _no_split_modules)?", None)
@@ -148,10 +152,10 @@ def ask_fsdp_options(asker: Asker) -> dict[str, Any]:
             options["fsdp_transformer_layer_cls_to_wrap"] = layers
     elif policy == "SIZE_BASED_WRAP":
         options["fsdp_min_num_params"] = asker.integer("Minimum parameters per wrapped unit?", defaults.min_num_params)
-    options["fsdp_backward_prefetch"] = asker.choice("Backward prefetch?", BACKWARD_PREFETCH,
+    options["fsdp_backward_prefetch"] = asker.choice("Backward prefetch?", declared["backward_prefetch"].choices,
                                                      defaults.backward_prefetch or "NO_PREFETCH")
     options["fsdp_forward_prefetch"] = asker.yes_no("Forward prefetch?", defaults.forward_prefetch)
-    options["fsdp_state_dict_type"] = asker.choice("State dict type for checkpoints?", STATE_DICT_TYPES,
+    options["fsdp_state_dict_type"] = asker.choice("State dict type for checkpoints?", declared["state_dict_type"].choices,
                                                    defaults.state_dict_type)
     efficient = asker.yes_no("CPU-RAM-efficient loading (only rank 0 loads weights)?", defaults.cpu_ram_efficient_loading)
     options["fsdp_cpu_ram_efficient_loading"] = efficient

@@ -24,7 +24,8 @@ from .config_flags import add_config_flags, config_layers, resolve_config
 from .launch_settings import agent_settings_given, no_effect_notice
 from .signal_relay import SignalRelay, can_find_children
 from .torchrun_compat import SignalPlan, installed_torchrun_options, plan_signals, unknown_options
-from .torchrun_env import RDZV_ID_VARIABLE, override_notice, undecidable_notice
+from .torchrun_env import override_notice, undecidable_notice
+from .torchrun_flags import add_torchrun_flags
 from .worker import LAUNCHER_PID_ENV
 
 HELP = "Launch a training script on N processes (torchrun underneath), with Accelerate's flags and config files."
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--log_dir", default=None, help="Folder for the workers' log files (torchrun's --log-dir).")
     parser.add_argument("-m", "--module", action="store_true",
                         help="Run the target as a Python module (python -m), not a script path.")
+    add_torchrun_flags(parser)  # after trainkit's own: an option string both have is trainkit's (same setting)
     parser.add_argument("training_script", help="The script (or module with -m) to run on every process.")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
 
@@ -206,7 +208,7 @@ def _rendezvous_arguments(config: LaunchConfig) -> list[str]:
         return ["--rdzv_backend", "static", "--node_rank", str(config.machine_rank),
                 "--master_addr", address, "--master_port", str(port)]
     # c10d: every machine must name the same run id; machine 0 hosts the store (elastic jobs: it must stay).
-    run_id = (os.environ.get(RDZV_ID_VARIABLE) or os.environ.get("SLURM_JOB_ID") or f"trainkit-{address}-{port}")
+    run_id = config.rdzv_id or os.environ.get("SLURM_JOB_ID") or f"trainkit-{address}-{port}"
     return ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{address}:{port}", "--rdzv_id", run_id,
             "--rdzv_conf", _rendezvous_options(config)]
 

@@ -51,6 +51,8 @@ def no_effect_notice(config: LaunchConfig, *, single_process: bool, gpus: bool |
             reasons.append("main_process_ip (one machine: the processes meet on 127.0.0.1)")
         if given("rdzv_backend"):
             reasons.append("rdzv_backend (one machine: torchrun's c10d rendezvous on loopback)")
+        if given("rdzv_id") and config.rdzv_id:
+            reasons.append("rdzv_id (one machine: the rendezvous is local to this launch)")
     if single_process and given("main_process_port") and config.main_process_port:
         reasons.append("main_process_port (one process needs no rendezvous)")
     if given("gpu_ids") and config.gpu_ids not in (None, "all") and (config.use_cpu or not has_gpus):

@@ -53,7 +53,7 @@ def child_pids(parent: int | None = None) -> list[int]:
 
 def _alive(pid: int) -> bool:
     fields = _stat_fields(pid)
-    return bool(fields) and fields[0] not in ("Z", "X")  # type: ignore[index]
+    return fields is not None and len(fields) > 0 and fields[0] not in ("Z", "X")
 
 
 def _send(pid: int, signum: int) -> None:

@@ -20,25 +20,21 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trainkit.config import LaunchConfig
+from trainkit.config.options import env_options
+
 ENV_PREFIX = "env "
-# PET_ variable -> the LaunchConfig key it sets (the torchrun options trainkit passes itself).
-PET_KEYS = {
-    "PET_NNODES": "num_machines",
-    "PET_NODE_RANK": "machine_rank",
-    "PET_MASTER_ADDR": "main_process_ip",
-    "PET_MASTER_PORT": "main_process_port",
-    "PET_MAX_RESTARTS": "max_restarts",
-    "PET_MONITOR_INTERVAL": "monitor_interval",
-    "PET_RDZV_BACKEND": "rdzv_backend",
-    "PET_RDZV_CONF": "rdzv_conf",
-}
+_DECLARED = env_options(LaunchConfig)  # each launch key's variables are declared with it (config/launch.py)
+PET_KEYS = {variable: key for variable, key in _DECLARED.items() if variable.startswith("PET_")}
+"""PET_ variable -> the LaunchConfig key it sets (the torchrun options trainkit passes itself)."""
 NPROC_VARIABLE = "PET_NPROC_PER_NODE"
 """Processes per machine: an integer, or torchrun's ``auto`` / ``cpu`` / ``gpu`` (Kubeflow's default is ``auto``)."""
 ENDPOINT_VARIABLE = "PET_RDZV_ENDPOINT"
 """``host:port`` of the c10d rendezvous (Kubeflow's elastic PyTorchJob): address and port when PET_MASTER_* are absent."""
 RDZV_ID_VARIABLE = "PET_RDZV_ID"
 """The run id every machine of a c10d rendezvous names; ``trainkit launch`` uses it when set."""
-PLAIN_KEYS = {"MASTER_ADDR": "main_process_ip", "MASTER_PORT": "main_process_port"}
+PLAIN_KEYS = {variable: key for variable, key in _DECLARED.items() if not variable.startswith("PET_")}
+"""``MASTER_ADDR`` / ``MASTER_PORT``: the address and port where no ``PET_`` form gives them."""
 # torchrun options trainkit decides from its own settings: a PET_ value for them cannot act (named in a notice).
 DECIDED_BY_TRAINKIT = {
     "PET_SIGNALS_TO_HANDLE": "preemption_signals",
@@ -120,7 +116,7 @@ def override_notice(layers: Sequence[tuple[Mapping[str, Any], str]]) -> str | No
             for key, value in mapping.items():
                 if key in files and str(files[key][0]) != str(value):
                     replaced.append(f"{key} {files[key][0]} from {files[key][1]} -> {value} ({source})")
-        elif source != "flag":
+        elif not source.startswith("flag"):  # the flags, under either spelling
             files.update({key: (value, source) for key, value in mapping.items()})
     if not replaced:
         return None

@@ -18,7 +18,8 @@ from .files import (
 from .fsdp import FSDPOptions
 from .handoff import LAUNCH_CONFIG_ENV, load_launch_config_from_env, read_launch_handoff, write_launch_handoff
 from .launch import LaunchConfig
-from .values import DISTRIBUTED_TYPES, MIXED_PRECISIONS, RDZV_BACKENDS
+from .precision import MIXED_PRECISIONS
+from .values import DISTRIBUTED_TYPES, RDZV_BACKENDS
 
 __all__ = [
     "CONFIG_FILE_ENV",

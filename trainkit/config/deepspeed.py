@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, check_choice, unknown_key_error
-from .values import to_bool, to_int
+from .options import Option, boolean, check_keys, integer
 
 OPTIMIZERS = ("Adam", "AdamW", "SGD")
 SCHEDULERS = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
@@ -518,18 +518,38 @@ class DeepSpeedPlugin:
         return config
 
 
-ACCELERATE_YAML_KEYS = ("zero_stage", "offload_optimizer_device", "offload_param_device", "offload_optimizer_nvme_path",
-                        "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping", "zero3_init_flag",
-                        "zero3_save_16bit_model", "deepspeed_config_file", "deepspeed_hostfile",
-                        "deepspeed_multinode_launcher", "deepspeed_inclusion_filter", "deepspeed_exclusion_filter",
-                        "deepspeed_moe_layer_cls_names", "transformer_moe_cls_names")
+_PLUGIN_FIELD_KEYS = tuple(FIELD_KEYS)
+DEEPSPEED_YAML_OPTIONS = {
+    "zero_stage": Option(help="ZeRO stage 0-3 (3 = FSDP2 FULL_SHARD, 2 = SHARD_GRAD_OP, 1 = sharded optimizer state).",
+                         parse=integer(0)),
+    "offload_optimizer_device": Option(help="none | cpu (with --offload_param_device cpu and stage 3)."),
+    "offload_param_device": Option(help="none | cpu (with --offload_optimizer_device cpu and stage 3)."),
+    "offload_optimizer_nvme_path": Option(help="Refused: FSDP2 offloads to CPU memory only."),
+    "offload_param_nvme_path": Option(help="Refused: FSDP2 offloads to CPU memory only."),
+    "gradient_accumulation_steps": Option(help="Micro-batches per optimizer step (the launch key of the same name "
+                                          "sets it from the command line).", parse=integer(1), flag=False),
+    "gradient_clipping": Option(help="Clip gradients to this total norm before each optimizer step.",
+                                parse=lambda value, key, where: float(value)),
+    "zero3_init_flag": Option(help="true: build the model on the meta device, rank 0 loads the weights.",
+                              parse=boolean),
+    "zero3_save_16bit_model": Option(help="true: save full (gathered) weights instead of shards.", parse=boolean),
+    "deepspeed_config_file": Option(help="A DeepSpeed JSON config (\"auto\" values allowed)."),
+    "deepspeed_hostfile": Option(help="Refused: DeepSpeed's launcher; use --num_machines/--main_process_ip."),
+    "deepspeed_multinode_launcher": Option(help="Only 'standard' (torchrun on each machine)."),
+    "deepspeed_inclusion_filter": Option(help="Refused: DeepSpeed's launcher."),
+    "deepspeed_exclusion_filter": Option(help="Refused: DeepSpeed's launcher."),
+    "deepspeed_moe_layer_cls_names": Option(help="Refused: DeepSpeed's MoE leaf modules."),
+    "transformer_moe_cls_names": Option(help="Refused: DeepSpeed's MoE leaf modules (the plugin's field name).",
+                                        flag=False),
+}
+"""The keys of an Accelerate YAML's ``deepspeed_config:`` block, declared once: the YAML reader, the launcher's
+``--<key>`` flags (those with ``flag``) and their help read this table."""
+ACCELERATE_YAML_KEYS = tuple(DEEPSPEED_YAML_OPTIONS)
 
 
 def plugin_from_yaml_block(block: Mapping[str, Any], *, where: str) -> DeepSpeedPlugin:
     """The ``deepspeed_config:`` block of an Accelerate launch YAML as a :class:`DeepSpeedPlugin`."""
-    for key in block:
-        if key not in ACCELERATE_YAML_KEYS:
-            raise unknown_key_error(key, ACCELERATE_YAML_KEYS, where=where)
+    check_keys(block, DEEPSPEED_YAML_OPTIONS, where=where)
     launcher = block.get("deepspeed_multinode_launcher")
     if launcher not in (None, "standard"):
         raise ConfigError(f"deepspeed_multinode_launcher {launcher!r} in {where}: trainkit starts machines with "
@@ -540,18 +560,8 @@ def plugin_from_yaml_block(block: Mapping[str, Any], *, where: str) -> DeepSpeed
             raise ConfigError(f"{key} in {where} belongs to DeepSpeed's own launcher; trainkit launch uses "
                               "--num_machines/--machine_rank/--main_process_ip instead.")
     moe = block.get("deepspeed_moe_layer_cls_names") or block.get("transformer_moe_cls_names")
-    fields = {key: block[key] for key in ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",
-                                          "offload_optimizer_device", "offload_param_device",
-                                          "offload_optimizer_nvme_path", "offload_param_nvme_path",
-                                          "zero3_init_flag", "zero3_save_16bit_model") if block.get(key) is not None}
-    for key in ("zero3_init_flag", "zero3_save_16bit_model"):  # YAML booleans, or flag text
-        if key in fields:
-            fields[key] = to_bool(key, fields[key], where)
-    for key in ("gradient_accumulation_steps", "zero_stage"):
-        if key in fields:
-            fields[key] = to_int(key, fields[key], where, minimum=0 if key == "zero_stage" else 1)
-    if "gradient_clipping" in fields:
-        fields["gradient_clipping"] = float(fields["gradient_clipping"])
+    fields = {key: DEEPSPEED_YAML_OPTIONS[key].read(block[key], key, where)  # YAML values, or flag text
+              for key in _PLUGIN_FIELD_KEYS if block.get(key) is not None}
     config_file = block.get("deepspeed_config_file")
     if config_file not in (None, "", "none"):
         # Checked here first so that a conflict names this YAML block rather than the plugin.

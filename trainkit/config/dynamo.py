@@ -13,11 +13,29 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import ConfigError, unknown_key_error
+from .errors import ConfigError
+from .options import Option, check_keys
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-DYNAMO_CONFIG_KEYS = ("dynamo_backend", "dynamo_mode", "dynamo_use_fullgraph", "dynamo_use_dynamic",
-                      "dynamo_use_regional_compilation")
+
+
+def _flag_option(text: str) -> Option:
+    return Option(help=text, default=False, parse=lambda value, key, where: _flag({key: value}, key, where))
+
+
+DYNAMO_OPTIONS = {
+    "dynamo_backend": Option(help="torch.compile backend for prepared models (inductor, aot_eager, ...; no = off).",
+                             default="no", parse=lambda value, key, where: value or "no"),
+    "dynamo_mode": Option(help=f"torch.compile mode: {', '.join(COMPILE_MODES)}.", default="default",
+                          choices=COMPILE_MODES, parse=lambda value, key, where: None if value in (None, "default")
+                          else value),
+    "dynamo_use_fullgraph": _flag_option("true: fail on graph breaks instead of splitting the graph."),
+    "dynamo_use_dynamic": _flag_option("true: compile for dynamic shapes."),
+    "dynamo_use_regional_compilation": _flag_option("true: compile the repeated block once instead of the whole model."),
+}
+"""The launch YAML's ``dynamo_config:`` keys (and ``--<key>`` flags), declared once; the plugin validates the
+values it builds from them (backend, mode)."""
+DYNAMO_CONFIG_KEYS = tuple(DYNAMO_OPTIONS)
 
 
 @dataclasses.dataclass
@@ -39,13 +57,13 @@ class TorchDynamoPlugin:
 
     # backend, fullgraph and use_regional_compilation default to None as in Accelerate; __post_init__ turns
     # None into "no" / False, so after construction they always hold a value.
-    backend: str = None  # type: ignore[assignment]
+    backend: str = None  # type: ignore[assignment]  # Accelerate's default; __post_init__ sets a backend name
     mode: str | None = None
-    fullgraph: bool = None  # type: ignore[assignment]
+    fullgraph: bool = None  # type: ignore[assignment]  # Accelerate's default; __post_init__ makes it a bool
     dynamic: bool | None = None
     options: dict[str, Any] | None = None
     disable: bool = False
-    use_regional_compilation: bool = None  # type: ignore[assignment]
+    use_regional_compilation: bool = None  # type: ignore[assignment]  # Accelerate's default; __post_init__ makes it a bool
 
     def __post_init__(self) -> None:
         self.backend = normalise_backend("no" if self.backend is None else self.backend)
@@ -79,14 +97,11 @@ class TorchDynamoPlugin:
     @classmethod
     def from_config(cls, block: Mapping[str, Any], *, where: str) -> TorchDynamoPlugin:
         """Read a launch YAML's ``dynamo_config`` block (unknown keys are refused by name)."""
-        for key in block:
-            if key not in DYNAMO_CONFIG_KEYS:
-                raise unknown_key_error(key, DYNAMO_CONFIG_KEYS, where=where)
-        mode = block.get("dynamo_mode")
-        return cls(backend=block.get("dynamo_backend") or "no", mode=None if mode in (None, "default") else mode,
-                   fullgraph=_flag(block, "dynamo_use_fullgraph", where),
-                   dynamic=_flag(block, "dynamo_use_dynamic", where) or None,
-                   use_regional_compilation=_flag(block, "dynamo_use_regional_compilation", where))
+        check_keys(block, DYNAMO_OPTIONS, where=where)
+        values = {key: option.read(block.get(key, option.default), key, where) for key, option in DYNAMO_OPTIONS.items()}
+        return cls(backend=values["dynamo_backend"], mode=values["dynamo_mode"],
+                   fullgraph=values["dynamo_use_fullgraph"], dynamic=values["dynamo_use_dynamic"] or None,
+                   use_regional_compilation=values["dynamo_use_regional_compilation"])
 
 
 def normalise_backend(name: Any) -> str:

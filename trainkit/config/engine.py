@@ -16,7 +16,9 @@ flag or a config file, not by its own defaults), ``notices`` holds one line sayi
 Adding a source: write a function ``LaunchConfig -> dict[str, Setting]`` and add it to
 ``LAUNCHER_MAPPINGS`` (a launcher section such as ``deepspeed_config``), or project the new plugin into
 the explicit settings where the engine builds them (``trainkit.engine.api.configuration``). Adding a key: a
-field below, a parser in ``_PARSERS``, and the launcher key in ``_LAUNCH_KEYS`` when the launcher has one.
+field below declared with an :class:`~trainkit.config.options.Option` (its parser comes with it); a key the
+launcher also takes shares the launch config's ``Option`` (``config/engine_options.py``) and is handed over by
+that alone.
 No torch here.
 """
 
@@ -35,7 +37,10 @@ from .fsdp import FSDPOptions
 from .handoff import load_launch_config_from_env
 from .launch import DEFAULT_SOURCE, LaunchConfig
 from .parallelism import ParallelismConfig
-from .values import parse_mixed_precision, to_bool, to_int, to_positive_float
+from .engine_options import COLLECTIVE_TIMEOUT, GRADIENT_ACCUMULATION_STEPS, USE_CPU
+from .options import Option, declared_options
+from .precision import MIXED_PRECISION, declaration_for_options, option_blocks
+from .values import to_bool
 
 logger = logging.getLogger("trainkit.config")
 
@@ -52,21 +57,23 @@ class Setting:
     value: Any
     source: str
     """e.g. ``"Accelerator(mixed_precision=)"``, ``"launcher flag --mixed_precision"``, ``"default"``."""
+    parsed: bool = False
+    """The value is already in its canonical form (the launcher's config parsed it by the same declaration), so
+    the resolver takes it as it is instead of parsing it a second time."""
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """What the engine runs with, each value resolved once (see the module docstring for the rule)."""
 
-    mixed_precision: str = "no"
-    """no | fp16 | bf16: autocast dtype (and loss scaling under fp16)."""
-    gradient_accumulation_steps: int = 1
+    mixed_precision: str = MIXED_PRECISION.field()
+    """A mode of ``config/precision.py``: autocast dtype (and loss scaling under fp16)."""
+    gradient_accumulation_steps: int = GRADIENT_ACCUMULATION_STEPS.field()
     """Micro-batches per optimizer step."""
-    use_cpu: bool = False
+    use_cpu: bool = USE_CPU.field()
     """Compute on CPU even where a GPU exists."""
-    collective_timeout: float = 600.0
-    """Seconds before a collective that never completes fails the job (far below gloo's and NCCL's 30
-    minutes, so a rank that skipped a collective is reported in minutes)."""
+    collective_timeout: float = COLLECTIVE_TIMEOUT.field()
+    """Seconds before a collective that never completes fails the job (declared in ``config/engine_options.py``)."""
     fsdp: FSDPOptions | None = None
     """FSDP options when the model is to be sharded, else None. Read-only."""
     dynamo: TorchDynamoPlugin | None = None
@@ -77,6 +84,9 @@ class EngineConfig:
     parallelism: ParallelismConfig | None = None
     """The parallel degrees (data replicas x shards x tensor parallel) when a ParallelismConfig was given (the
     script's, or the launcher's ``parallelism_config:`` block), else None. Not yet resolved against the world."""
+    precision_options: Any = None
+    """The mixed precision's own settings (an instance of the options class its declaration in
+    ``config/precision.py`` names), or None when the mode has none; the precision class receives it."""
     elastic: bool = False
     """The launcher runs an elastic job (``num_machines MIN:MAX``): the workers restart on every membership change,
     also where no worker failed, so a run resumes from its latest checkpoint by itself (and starts afresh when
@@ -129,27 +139,32 @@ def _shown(name: str, value: Any) -> Any:
         return "off" if value is None else f"{value.backend} (regional: {value.use_regional_compilation})"
     if name == "deepspeed":
         return "off" if value is None else f"ZeRO stage {value.zero_stage}"
+    if name == "precision_options":
+        return "none" if value is None else repr(value)
     if name == "parallelism":
         return "off" if value is None else ", ".join(f"{k}={v}" for k, v in value.to_dict().items() if v not in (1, None))
     return value
 
 
-_FIELDS = ("mixed_precision", "gradient_accumulation_steps", "use_cpu", "collective_timeout", "fsdp", "dynamo",
-           "deepspeed", "parallelism", "elastic")
+_FIELDS = tuple(field.name for field in dataclasses.fields(EngineConfig) if field.name not in ("provenance", "notices"))
+_SHARED = {name: option for name, option in declared_options(EngineConfig).items()
+           if declared_options(LaunchConfig).get(name) is option}
+"""The settings the launcher and the engine share (one declaration each): the launcher hands them over as they are."""
+
+
+def _declared_parser(name: str, option: Option) -> Callable[[Any, str], Any]:
+    return lambda value, where: option.read(value, name, where)
+
+
 _PARSERS: dict[str, Callable[[Any, str], Any]] = {
-    "mixed_precision": parse_mixed_precision,
-    "gradient_accumulation_steps": lambda value, where: to_int("gradient_accumulation_steps", value, where, minimum=1),
-    "use_cpu": lambda value, where: to_bool("use_cpu", value, where),
-    "collective_timeout": lambda value, where: to_positive_float("collective_timeout", value, where),
+    **{name: _declared_parser(name, option) for name, option in declared_options(EngineConfig).items()},
     # A layer may hand over its whole FSDPOptions as the value of "fsdp" ("on, with these"), see _fsdp_options.
     "fsdp": lambda value, where: True if isinstance(value, FSDPOptions) else to_bool("fsdp", value, where),
     "elastic": lambda value, where: to_bool("elastic", value, where),
     "dynamo": lambda value, where: value if value is not None and value.enabled else None,
     "parallelism": lambda value, where: parse_parallelism(value, where),
+    "precision_options": lambda value, where: value,  # an options object, parsed by its declaration where it entered
 }
-# EngineConfig key -> LaunchConfig key, for the keys the launcher hands over as they are.
-_LAUNCH_KEYS = {"mixed_precision": "mixed_precision", "gradient_accumulation_steps": "gradient_accumulation_steps",
-                "use_cpu": "use_cpu", "collective_timeout": "collective_timeout"}
 
 
 def parse_parallelism(value: Any, where: str) -> ParallelismConfig | None:
@@ -169,15 +184,17 @@ def launcher_source(launch_source: str, key: str) -> str:
     """The words for a value the launcher was given: ``launcher flag --key`` or ``launcher config <file>``."""
     if launch_source == "flag":
         return f"launcher flag --{key}"
+    if launch_source.startswith("flag "):  # another spelling of the flag, as typed (torchrun's --nnodes)
+        return f"launcher {launch_source}"
     return f"launcher config {launch_source}"
 
 
 def _plain_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     settings = {}
-    for name, launch_key in _LAUNCH_KEYS.items():
-        source = launch.source_of(launch_key)
+    for name in _SHARED:
+        source = launch.source_of(name)
         if source != DEFAULT_SOURCE:  # the launcher's own defaults are not a request
-            settings[name] = Setting(getattr(launch, launch_key), launcher_source(source, launch_key))
+            settings[name] = Setting(getattr(launch, name), launcher_source(source, name), parsed=True)
     return settings
 
 
@@ -219,6 +236,15 @@ def _parallelism_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     return {"parallelism": Setting(config, launcher_source(launch.source_of("parallelism_config"), "parallelism_config"))}
 
 
+def _precision_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
+    if not launch.precision_config:
+        return {}
+    (block, values), = launch.precision_config.items()  # the chosen mode's block only (LaunchConfig keeps one)
+    _, declaration = option_blocks()[block]
+    source = launcher_source(launch.source_of("precision_config"), block)
+    return {"precision_options": Setting(declaration.read_options(values, where=f"{block} ({source})"), source)}
+
+
 def _elastic_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
     if not launch.elastic:
         return {}
@@ -228,7 +254,7 @@ def _elastic_launch_settings(launch: LaunchConfig) -> dict[str, Setting]:
 
 LAUNCHER_MAPPINGS: list[Callable[[LaunchConfig], dict[str, Setting]]] = [
     _plain_launch_settings, _fsdp_launch_settings, _dynamo_launch_settings, _deepspeed_launch_settings,
-    _parallelism_launch_settings, _elastic_launch_settings]
+    _parallelism_launch_settings, _precision_launch_settings, _elastic_launch_settings]
 """How the launcher's config becomes settings: one function per section (add DeepSpeed's here)."""
 
 
@@ -265,13 +291,14 @@ def resolve_engine_config(explicit: Mapping[str, Setting] | None = None, *,
             provenance[key] = DEFAULT_SOURCE
             continue
         parse = _PARSERS.get(key)
-        values[key] = parse(winner.value, winner.source) if parse else winner.value
+        values[key] = parse(winner.value, winner.source) if parse and not winner.parsed else winner.value
         provenance[key] = winner.source
         if key in explicit and key in launched and _differs(key, explicit[key].value, launched[key].value):
             overridden.append(f"{key}={values[key]!r} from {winner.source} overrides "
                               f"{launched[key].value!r} from {launched[key].source}")
     offered = [layer["fsdp"].value for layer in layers if isinstance(layer.get("fsdp", Setting(None, "")).value, FSDPOptions)]
     fsdp = _fsdp_options(values, provenance, offered)
+    _check_precision_options(values, provenance)
     notices = ("trainkit: explicit settings win over the launcher's: " + "; ".join(overridden) + ".",) if overridden else ()
     config = EngineConfig(
         **{name: values[name] for name in _FIELDS if name in values and name != "fsdp"},
@@ -279,6 +306,19 @@ def resolve_engine_config(explicit: Mapping[str, Setting] | None = None, *,
     )
     logger.debug("trainkit engine config: %s", config.summary())
     return config
+
+
+def _check_precision_options(values: Mapping[str, Any], provenance: Mapping[str, str]) -> None:
+    """Options given for one mode while another runs are an error naming both (never dropped silently)."""
+    options = values.get("precision_options")
+    if options is None:
+        return
+    mode = values.get("mixed_precision", MIXED_PRECISION.default)
+    owner = declaration_for_options(options)
+    if owner is None or owner[0] != mode:
+        raise ConfigError(f"{type(options).__name__} ({provenance['precision_options']}) configures mixed precision "
+                          f"{owner[0] if owner else '(none)'!r}, but mixed_precision is {mode!r} "
+                          f"({provenance.get('mixed_precision', DEFAULT_SOURCE)}).")
 
 
 def _fsdp_keys(layers: tuple[Mapping[str, Setting], ...]) -> list[str]:

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import ConfigError, check_choice, unknown_key_error
-from .values import BOOLEAN_SPELLINGS, to_bool, to_int
+from .options import Option, boolean, declared_options, integer, optional
+from .values import BOOLEAN_SPELLINGS
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
@@ -47,53 +48,55 @@ def option_name(raw_key: str) -> str:
     return ALIASES.get(key, key)
 
 
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 @dataclasses.dataclass
 class FSDPOptions:
-    """Every FSDP option trainkit acts on, with Accelerate's meaning (field names without ``fsdp_``)."""
+    """Every FSDP option trainkit acts on, with Accelerate's meaning (field names without ``fsdp_``).
 
-    sharding_strategy: str = dataclasses.field(default="FULL_SHARD", metadata=_help(
-        "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2 (or 1-5)."))
-    """FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2 (or 1-5)."""
-    offload_params: bool = dataclasses.field(default=False, metadata=_help(
-        "Keep parameters, gradients and optimizer state on CPU."))
+    Each field is declared once with its :class:`~trainkit.config.options.Option` (default, help, choices, its
+    one parser); the launch YAML key ``fsdp_<name>``, the flag ``--fsdp_<name>``, ``trainkit config``'s question,
+    ``TrainingArguments(fsdp_config=...)``, the plugin and the resolver all read it from there.
+    """
+
+    sharding_strategy: str = Option(
+        help=f"{' | '.join(SHARDING_STRATEGIES)} (or 1-5).", default="FULL_SHARD", choices=SHARDING_STRATEGIES,
+        parse=lambda value, key, where: parse_sharding_strategy(value, key=key, where=where)).field()
+    offload_params: bool = Option(help="Keep parameters, gradients and optimizer state on CPU.", default=False,
+                                  parse=boolean).field()
     """Keep sharded parameters, gradients and optimizer state on CPU (FSDP2 ``CPUOffloadPolicy``)."""
-    auto_wrap_policy: str | None = dataclasses.field(default=None, metadata=_help(
-        "TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP."))
-    """TRANSFORMER_BASED_WRAP | SIZE_BASED_WRAP | NO_WRAP; None picks transformer-based when the model
-    declares ``_no_split_modules``, else no wrapping below the root."""
-    transformer_layer_cls_to_wrap: list[str] | None = dataclasses.field(default=None, metadata=_help(
-        "Comma-separated layer class names to shard as units."))
+    auto_wrap_policy: str | None = Option(
+        help=f"{' | '.join(AUTO_WRAP_POLICIES)}.", choices=AUTO_WRAP_POLICIES,
+        parse=optional(lambda value, key, where: check_choice(key, value, AUTO_WRAP_POLICIES, where=where))).field()
+    """None picks transformer-based when the model declares ``_no_split_modules``, else no wrapping below the root."""
+    transformer_layer_cls_to_wrap: list[str] | None = Option(
+        help="Comma-separated layer class names to shard as units.",
+        parse=lambda value, key, where: _class_names(value, key, where)).field()
     """Class names sharded as units under TRANSFORMER_BASED_WRAP; default: the model's ``_no_split_modules``."""
-    min_num_params: int = dataclasses.field(default=100_000_000, metadata=_help(
-        "SIZE_BASED_WRAP threshold."))
+    min_num_params: int = Option(help="SIZE_BASED_WRAP threshold.", default=100_000_000,
+                                 parse=lambda value, key, where: _parse_min_num_params(value, key, where)).field()
     """Under SIZE_BASED_WRAP, a module with at least this many (not yet wrapped) parameters becomes a unit."""
-    backward_prefetch: str | None = dataclasses.field(default="BACKWARD_PRE", metadata=_help(
-        "BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH."))
-    """BACKWARD_PRE | BACKWARD_POST | NO_PREFETCH: how far ahead FSDP2 all-gathers during backward."""
-    forward_prefetch: bool = dataclasses.field(default=False, metadata=_help(
-        "Prefetch the next unit's parameters during forward."))
+    backward_prefetch: str | None = Option(
+        help=f"{' | '.join(BACKWARD_PREFETCH)}.", default="BACKWARD_PRE", choices=BACKWARD_PREFETCH,
+        parse=lambda value, key, where: _parse_backward_prefetch(value, key, where)).field()
+    """How far ahead FSDP2 all-gathers during backward."""
+    forward_prefetch: bool = Option(help="Prefetch the next unit's parameters during forward.", default=False,
+                                    parse=boolean).field()
     """Issue the next unit's all-gather during the current unit's forward."""
-    state_dict_type: str = dataclasses.field(default="FULL_STATE_DICT", metadata=_help(
-        "FULL_STATE_DICT | SHARDED_STATE_DICT."))
-    """FULL_STATE_DICT | SHARDED_STATE_DICT: what ``save_state`` writes for the model and optimizer."""
-    cpu_ram_efficient_loading: bool = dataclasses.field(default=False, metadata=_help(
-        "Only rank 0 loads real weights."))
+    state_dict_type: str = Option(help=f"{' | '.join(STATE_DICT_TYPES)}.", default="FULL_STATE_DICT",
+                                  choices=STATE_DICT_TYPES).field()
+    """What ``save_state`` writes for the model and optimizer."""
+    cpu_ram_efficient_loading: bool = Option(help="Only rank 0 loads real weights.", default=False,
+                                             parse=boolean).field()
     """Only rank 0 holds real weights at load time; the others build on the meta device."""
-    sync_module_states: bool = dataclasses.field(default=True, metadata=_help(
-        "Broadcast rank 0's weights when sharding."))
+    sync_module_states: bool = Option(help="Broadcast rank 0's weights when sharding.", default=True,
+                                      parse=boolean).field()
     """Broadcast rank 0's parameters and buffers when sharding (required by cpu_ram_efficient_loading)."""
-    use_orig_params: bool = dataclasses.field(default=True, metadata=_help(
-        "Accepted (always true under FSDP2)."))
+    use_orig_params: bool = Option(help="Accepted (always true under FSDP2).", default=True, parse=boolean).field()
     """Accepted for compatibility: FSDP2 always exposes the original parameters (as DTensors)."""
-    activation_checkpointing: bool = dataclasses.field(default=False, metadata=_help(
-        "Recompute activations of each unit in backward."))
+    activation_checkpointing: bool = Option(help="Recompute activations of each unit in backward.", default=False,
+                                            parse=boolean).field()
     """Recompute each wrapped unit's activations during backward instead of storing them."""
-    hybrid_shard_group_size: int | None = dataclasses.field(default=None, metadata=_help(
-        "HYBRID_SHARD*: processes per sharding group."))
+    hybrid_shard_group_size: int | None = Option(help="HYBRID_SHARD*: processes per sharding group.",
+                                                 parse=optional(integer(1))).field()
     """HYBRID_SHARD*: processes per sharding group; default: the processes of one machine."""
     ignored_keys: list[str] = dataclasses.field(default_factory=list)
     """Keys that were accepted but have no effect (reported once, never an error)."""
@@ -173,8 +176,8 @@ class FSDPOptions:
 
     @classmethod
     def help_of(cls, name: str) -> str:
-        """An option's one-line help (its field's ``help`` metadata), shown for its launcher flag."""
-        return _FIELDS[name].metadata["help"]
+        """An option's one-line help (its declaration's), shown for its launcher flag."""
+        return _DECLARED[name].help
 
     def to_accelerate_dict(self) -> dict[str, Any]:
         """The ``fsdp_config`` mapping with Accelerate's prefixed keys, as ``trainkit config`` writes it."""
@@ -250,10 +253,6 @@ def parse_option(raw_key: str, value: Any, where: str) -> tuple[str, Any]:
     return name, parse(value, name, where)
 
 
-def _parse_auto_wrap_policy(value: Any, key: str, where: str) -> str | None:
-    return None if value is None else check_choice(key, value, AUTO_WRAP_POLICIES, where=where)
-
-
 def _parse_backward_prefetch(value: Any, key: str, where: str) -> str:
     if value in (None, "", "NONE", "None", "none", False):
         value = "NO_PREFETCH"
@@ -265,10 +264,6 @@ def _parse_min_num_params(value: Any, key: str, where: str) -> int:
         return int(float(value))
     except (TypeError, ValueError):
         raise ConfigError(f"Invalid value {value!r} for {key!r} in {where}: expected an integer.") from None
-
-
-def _parse_group_size(value: Any, key: str, where: str) -> int | None:
-    return None if value is None else to_int(key, value, where, minimum=1)
 
 
 def _class_names(value: Any, key: str, where: str) -> list[str] | None:
@@ -284,30 +279,7 @@ def _class_names(value: Any, key: str, where: str) -> list[str] | None:
     return names or None
 
 
-def _parse_bool(value: Any, key: str, where: str) -> bool:
-    return to_bool(key, value, where)
-
-
-def _parse_sharding_strategy(value: Any, key: str, where: str) -> str:
-    return parse_sharding_strategy(value, key=key, where=where)
-
-
-# Each option's one parser: value, key (as named in errors), where -> the canonical value. A new option adds
-# its field above and its line here; every surface (YAML, flags, plugin, TrainingArguments) then reads it.
-_PARSERS: dict[str, Callable[[Any, str, str], Any]] = {
-    "sharding_strategy": _parse_sharding_strategy,
-    "offload_params": _parse_bool,
-    "auto_wrap_policy": _parse_auto_wrap_policy,
-    "transformer_layer_cls_to_wrap": _class_names,
-    "min_num_params": _parse_min_num_params,
-    "backward_prefetch": _parse_backward_prefetch,
-    "forward_prefetch": _parse_bool,
-    "state_dict_type": lambda value, key, where: check_choice(key, value, STATE_DICT_TYPES, where=where),
-    "cpu_ram_efficient_loading": _parse_bool,
-    "sync_module_states": _parse_bool,
-    "use_orig_params": _parse_bool,
-    "activation_checkpointing": _parse_bool,
-    "hybrid_shard_group_size": _parse_group_size,
-}
-_FIELDS = {f.name: f for f in dataclasses.fields(FSDPOptions) if f.name != "ignored_keys"}
-_DEFAULTS = {name: f.default for name, f in _FIELDS.items()}
+_DECLARED = declared_options(FSDPOptions)
+# Each option's one parser, from its declaration: value, key (as named in errors), where -> the canonical value.
+_PARSERS: dict[str, Callable[[Any, str, str], Any]] = {name: option.read for name, option in _DECLARED.items()}
+_DEFAULTS = {name: option.default for name, option in _DECLARED.items()}

@@ -17,19 +17,14 @@ from .errors import ConfigError, check_choice, unknown_key_error
 from .fsdp import FSDPOptions, option_name
 from .machine import gpus_probably_present
 from .parallelism import ParallelismConfig
-from .preemption import DEFAULT_GRACE_PERIOD, DEFAULT_PREEMPTION_SIGNALS, parse_signal_names
-from .values import (
-    COMPUTE_ENVIRONMENTS,
-    RDZV_BACKENDS,
-    parse_distributed_type,
-    parse_gpu_ids,
-    parse_mixed_precision,
-    to_bool,
-    to_int,
-    to_positive_float,
-)
+from .engine_options import COLLECTIVE_TIMEOUT, GRADIENT_ACCUMULATION_STEPS, USE_CPU
+from .options import Option, boolean, integer, optional, parse_declared, seconds
+from .precision import MIXED_PRECISION, option_blocks
+from .preemption import PREEMPTION_GRACE_PERIOD, PREEMPTION_SIGNALS
+from .values import COMPUTE_ENVIRONMENTS, DISTRIBUTED_TYPES, RDZV_BACKENDS, parse_distributed_type, parse_gpu_ids, to_bool, to_int
 
 DEFAULT_SOURCE = "default"
+_NOT_KEYS = ("unused_keys", "provenance", "precision_config", "_parallelism")  # fields that are not keys of a config file
 # Keys of Accelerate's config files that trainkit reads but does not act on. A key whose value asks for
 # nothing (empty, false, null) is absorbed silently; any other value is listed once in ``unused_keys``.
 UNUSED_ACCELERATE_KEYS = frozenset({
@@ -42,63 +37,95 @@ UNUSED_ACCELERATE_KEYS = frozenset({
 TRAINKIT_ONLY_KEYS = (
     "gradient_accumulation_steps", "collective_timeout", "max_restarts", "monitor_interval",
     "num_cpu_threads_per_process", "preemption_signals", "preemption_grace_period", "min_machines", "rdzv_conf",
+    "rdzv_id",
 )
 
 
 @dataclasses.dataclass
 class LaunchConfig:
-    """Everything ``trainkit launch`` resolved, under the names of Accelerate's config file."""
+    """Everything ``trainkit launch`` resolved, under the names of Accelerate's config file.
 
-    compute_environment: str = "LOCAL_MACHINE"
-    """Only LOCAL_MACHINE (this machine or a cluster of them); SageMaker is not supported."""
-    distributed_type: str = "NO"
-    """NO | MULTI_CPU | MULTI_GPU | FSDP. MULTI_GPU/FSDP on a machine without GPUs run on CPU with gloo."""
-    mixed_precision: str = "no"
-    """no | fp16 | bf16."""
-    use_cpu: bool = False
-    """Run on CPU even where a GPU exists."""
-    num_processes: int = 1
+    Each plain key is declared once, with its :class:`~trainkit.config.options.Option` (default, help, parser,
+    flag, environment variables); the sections (``fsdp_config``, ``deepspeed_config``, ``dynamo_config``,
+    ``parallelism_config``) are declared in their own modules.
+    """
+
+    compute_environment: str = Option(
+        help="Only LOCAL_MACHINE (this machine or a cluster of them); SageMaker is not supported.",
+        default="LOCAL_MACHINE", parse=lambda value, key, where: _parse_compute_environment(value, where),
+        flag=False).field()
+    distributed_type: str = Option(
+        help=f"One of {', '.join(DISTRIBUTED_TYPES)} (normally implied by the flags below).", default="NO",
+        parse=lambda value, key, where: parse_distributed_type(value, where)).field()
+    """NO | MULTI_CPU | MULTI_GPU | FSDP | DEEPSPEED. MULTI_GPU/FSDP on a machine without GPUs run on CPU with gloo."""
+    mixed_precision: str = MIXED_PRECISION.field()
+    use_cpu: bool = USE_CPU.field()
+    num_processes: int = Option(help="Total processes over all machines (as in Accelerate).", default=1,
+                                parse=integer(1), flag_type=int).field()
     """Total processes over all machines (as in Accelerate), not per machine."""
-    num_machines: int = 1
+    num_machines: int = Option(
+        help="Number of machines (nodes), or MIN:MAX for an elastic job (c10d rendezvous; machines may leave and "
+             "join, the workers resume with the same global batch).", default=1, parse=integer(1),
+        env=("PET_NNODES",)).field()
     """Machines (nodes) taking part; ``num_processes`` must be a multiple of it. ``"MIN:MAX"`` (a flag, a file,
     or ``PET_NNODES``) makes an elastic job: this field takes MAX and ``min_machines`` MIN."""
-    min_machines: int | None = None
+    min_machines: int | None = Option(
+        help="Fewest machines an elastic job keeps running on (given as num_machines MIN:MAX).", flag=False).field()
     """Fewest machines an elastic job keeps running on (torchrun's ``--nnodes MIN:MAX``); None = exactly
     ``num_machines``. Machines may leave and join between MIN and ``num_machines``; each change restarts the
     workers, which resume from the last checkpoint with the same global batch (docs/clusters.md)."""
-    machine_rank: int = 0
+    machine_rank: int = Option(help="This machine's rank, 0 .. num_machines-1.", default=0, parse=integer(0),
+                               flag_type=int, env=("PET_NODE_RANK",)).field()
     """This machine's rank, 0 .. num_machines-1 (0 hosts the rendezvous)."""
-    main_process_ip: str | None = None
+    main_process_ip: str | None = Option(
+        help="Address of machine 0 (multi-machine jobs).", parse=lambda value, key, where: _text_or_none(value),
+        env=("MASTER_ADDR", "PET_MASTER_ADDR")).field()
     """Address of machine 0; needed when num_machines > 1."""
-    main_process_port: int | None = None
+    main_process_port: int | None = Option(
+        help="Rendezvous port on machine 0 (default: a free port on one machine, 29500 on several).",
+        parse=lambda value, key, where: _parse_port(value, where), flag_type=int,
+        env=("MASTER_PORT", "PET_MASTER_PORT")).field()
     """Port of the rendezvous on machine 0; None = a free port (one machine) or 29500 (several)."""
-    rdzv_backend: str = "static"
+    rdzv_backend: str = Option(
+        help=f"Rendezvous backend for several machines: {', '.join(RDZV_BACKENDS)}.", default="static",
+        choices=RDZV_BACKENDS, parse=lambda value, key, where: check_choice(key, value or "static", RDZV_BACKENDS,
+                                                                               where=where),
+        env=("PET_RDZV_BACKEND",)).field()
     """static | c10d: torchrun's rendezvous backend for several machines (an elastic job always uses c10d)."""
-    rdzv_conf: str | None = None
+    rdzv_conf: str | None = Option(
+        help="Extra c10d rendezvous options, key=value,... (e.g. last_call_timeout=5).",
+        parse=lambda value, key, where: _parse_rdzv_conf(value, where), env=("PET_RDZV_CONF",)).field()
     """Extra rendezvous options for c10d, ``key=value,...`` (torchrun's ``--rdzv_conf``: ``last_call_timeout``,
     ``join_timeout``, ``close_timeout``, ...); trainkit adds ``is_host`` unless given."""
-    same_network: bool = True
-    """Accelerate's key; accepted (false has no effect and is listed in ``unused_keys``)."""
-    gpu_ids: str | None = "all"
+    rdzv_id: str | None = Option(
+        help="Run id that every machine of a c10d rendezvous names (default: SLURM_JOB_ID, else one made of the "
+             "address and port).", parse=lambda value, key, where: _text_or_none(value), env=("PET_RDZV_ID",)).field()
+    same_network: bool = Option(help="Accelerate's key; accepted (false has no effect and is listed in "
+                                "unused_keys).", default=True, parse=boolean, flag=False).field()
+    gpu_ids: str | None = Option(help="GPUs to use on this machine: 'all' or a comma-separated list.",
+                                 default="all", parse=lambda value, key, where: parse_gpu_ids(value)).field()
     """"all" or a comma-separated list of GPU indices made visible to the workers."""
-    debug: bool = False
-    """Turn on torch's collective checks (TORCH_DISTRIBUTED_DEBUG=DETAIL)."""
-    gradient_accumulation_steps: int = 1
+    debug: bool = Option(help="Check that every rank calls the same collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL).",
+                         default=False, parse=boolean, flag=False).field()
+    gradient_accumulation_steps: int = GRADIENT_ACCUMULATION_STEPS.field()
     """Default for ``Accelerator(gradient_accumulation_steps=)`` when the script does not pass one."""
     fsdp_config: FSDPOptions | None = None
-    """FSDP options; present exactly when distributed_type is FSDP."""
-    main_training_function: str = "main"
-    """Accelerate's key (used by notebook launchers); accepted (another name is listed in ``unused_keys``)."""
-    downcast_bf16: bool = False
-    """Accelerate's TPU key; accepted (written as 'no'/'yes' like Accelerate; 'yes' is listed in ``unused_keys``)."""
-    collective_timeout: float = 600.0
-    """Seconds before a collective that never completes fails the job (gloo's own default is 30 min)."""
-    max_restarts: int = 0
+    """FSDP options (``config/fsdp.py``); present exactly when distributed_type is FSDP."""
+    main_training_function: str = Option(
+        help="Accelerate's key (used by notebook launchers); accepted (another name is listed in unused_keys).",
+        default="main", parse=lambda value, key, where: str(value or "main"), flag=False).field()
+    downcast_bf16: bool = Option(
+        help="Accelerate's TPU key; accepted (written as 'no'/'yes' like Accelerate; 'yes' is listed in unused_keys).",
+        default=False, parse=boolean, flag=False).field()
+    collective_timeout: float = COLLECTIVE_TIMEOUT.field()
+    max_restarts: int = Option(help="Restart the whole worker group up to K times after a failure.", default=0,
+                               parse=integer(0), flag_type=int, env=("PET_MAX_RESTARTS",)).field()
     """Restarts of the whole worker group after a failure (torchrun's --max-restarts)."""
-    monitor_interval: float = 0.1
-    """Seconds between torchrun's checks of worker health."""
-    num_cpu_threads_per_process: int | None = None
-    """OMP_NUM_THREADS per worker; None = cores / processes on this machine (decided by the launcher)."""
+    monitor_interval: float = Option(help="Seconds between checks of worker health.", default=0.1, parse=seconds,
+                                     flag_type=float, env=("PET_MONITOR_INTERVAL",)).field()
+    num_cpu_threads_per_process: int | None = Option(
+        help="OMP_NUM_THREADS per worker (default: cores / processes per machine).", parse=optional(integer(1)),
+        flag_type=int).field()
     deepspeed_config: dict[str, Any] | None = None
     """Accelerate's ``deepspeed_config`` block (zero_stage, offload_*, deepspeed_config_file, ...); present
     exactly when distributed_type is DEEPSPEED, and run on FSDP2/DDP (``trainkit.config.deepspeed``)."""
@@ -108,11 +135,16 @@ class LaunchConfig:
     parallelism_config: dict[str, Any] | None = None
     """Accelerate's ``parallelism_config:`` block (``parallelism_config_tp_size: 2``, ...): the run's data
     replicas x FSDP shards x tensor-parallel degrees; their product is ``num_processes``. None or empty: none."""
-    preemption_signals: str = DEFAULT_PREEMPTION_SIGNALS
+    preemption_signals: str = PREEMPTION_SIGNALS.field()
     """Signals the launcher forwards to every worker and the workers answer by saving a checkpoint and
     stopping (comma-separated names; a YAML list works too). See docs/preemption.md."""
-    preemption_grace_period: int = DEFAULT_GRACE_PERIOD
-    """Seconds the launcher waits for its workers to save and exit after forwarding a signal, before SIGKILL."""
+    preemption_grace_period: int = PREEMPTION_GRACE_PERIOD.field()
+    _parallelism: ParallelismConfig | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    """The ``parallelism_config:`` block parsed once (by :meth:`_finish_parallelism`), for :meth:`parallelism`."""
+    precision_config: dict[str, dict[str, Any]] | None = None
+    """The chosen mixed precision's own options block, ``{block: {option: value}}`` (e.g. ``fp8_config``), parsed
+    by its declaration (``config/precision.py``); None when the mode declares no options or none were given.
+    Written and read under the block's own key, never as ``precision_config``."""
     unused_keys: list[str] = dataclasses.field(default_factory=list)
     """Keys accepted but not acted on (Accelerate's deepspeed_config, tpu_*, ...), reported once."""
     provenance: dict[str, str] = dataclasses.field(default_factory=dict, repr=False, compare=False)
@@ -123,7 +155,7 @@ class LaunchConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         """The keys a config mapping may hold (besides Accelerate's unused ones)."""
-        return [f.name for f in dataclasses.fields(cls) if f.name not in ("unused_keys", "provenance")]
+        return [f.name for f in dataclasses.fields(cls) if f.name not in _NOT_KEYS]
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any], *, source: str = "mapping",
@@ -207,42 +239,7 @@ class LaunchConfig:
         return f"fsdp_config ({source})" if source else "fsdp_config"
 
     def _validate_fields(self) -> None:
-        where = _where(self.provenance, "compute_environment")
-        if str(self.compute_environment).upper() == "AMAZON_SAGEMAKER":
-            raise ConfigError(f"compute_environment 'AMAZON_SAGEMAKER' ({where}) is not supported by trainkit; "
-                              "use LOCAL_MACHINE.")
-        self.compute_environment = check_choice("compute_environment", self.compute_environment,
-                                                COMPUTE_ENVIRONMENTS, where=where)
-        self.distributed_type = parse_distributed_type(self.distributed_type, _where(self.provenance, "distributed_type"))
-        self.mixed_precision = parse_mixed_precision(self.mixed_precision, _where(self.provenance, "mixed_precision"))
-        for name in ("use_cpu", "same_network", "debug", "downcast_bf16"):
-            setattr(self, name, to_bool(name, getattr(self, name), _where(self.provenance, name)))
-        for name, minimum in (("num_processes", 1), ("num_machines", 1), ("machine_rank", 0),
-                              ("gradient_accumulation_steps", 1), ("max_restarts", 0)):
-            setattr(self, name, to_int(name, getattr(self, name), _where(self.provenance, name), minimum=minimum))
-        for name in ("collective_timeout", "monitor_interval"):
-            setattr(self, name, to_positive_float(name, getattr(self, name), _where(self.provenance, name)))
-        if self.num_cpu_threads_per_process is not None:
-            self.num_cpu_threads_per_process = to_int(
-                "num_cpu_threads_per_process", self.num_cpu_threads_per_process,
-                _where(self.provenance, "num_cpu_threads_per_process"), minimum=1)
-        self.preemption_signals = parse_signal_names(self.preemption_signals, _where(self.provenance, "preemption_signals"))
-        self.preemption_grace_period = to_int("preemption_grace_period", self.preemption_grace_period,
-                                              _where(self.provenance, "preemption_grace_period"), minimum=0)
-        if self.main_process_port is not None:
-            port = to_int("main_process_port", self.main_process_port, _where(self.provenance, "main_process_port"),
-                          minimum=0)
-            if port > 65535:
-                raise ConfigError(f"Invalid value {port} for 'main_process_port' "
-                                  f"in {_where(self.provenance, 'main_process_port')}: ports run 0-65535.")
-            self.main_process_port = port or None  # 0 means "pick one", like None
-        if self.main_process_ip is not None:
-            self.main_process_ip = str(self.main_process_ip).strip() or None
-        self.rdzv_backend = check_choice("rdzv_backend", self.rdzv_backend or "static", RDZV_BACKENDS,
-                                         where=_where(self.provenance, "rdzv_backend"))
-        self.rdzv_conf = _parse_rdzv_conf(self.rdzv_conf, _where(self.provenance, "rdzv_conf"))
-        self.gpu_ids = parse_gpu_ids(self.gpu_ids)
-        self.main_training_function = str(self.main_training_function or "main")
+        parse_declared(self, lambda name: _where(self.provenance, name))  # each key by its own declaration
         self._finish_deepspeed()
         self.unused_keys.sort()  # one stable order for the notice, whichever section found them
         if self.dynamo_config is not None:
@@ -253,6 +250,19 @@ class LaunchConfig:
             self.dynamo_config = plugin.to_config() if plugin.enabled else None
         self._validate_machines()
         self._finish_parallelism()
+        self._finish_precision_options()
+
+    def _finish_precision_options(self) -> None:
+        """Parse each precision options block given (a typo is a typo); keep the chosen mode's, list the others."""
+        blocks, chosen = self.precision_config or {}, {}
+        for block, values in blocks.items():
+            mode, declaration = option_blocks()[block]
+            options = declaration.read_options(values, where=f"{block} ({_where(self.provenance, 'precision_config')})")
+            if mode == self.mixed_precision:
+                chosen[block] = dataclasses.asdict(options)
+            elif block not in self.unused_keys:
+                self.unused_keys.append(block)
+        self.precision_config = chosen or None
 
     def _finish_parallelism(self) -> None:
         """Check the ``parallelism_config:`` block now (keys, values, product = num_processes), in the launcher."""
@@ -260,7 +270,9 @@ class LaunchConfig:
         if block is not None and not isinstance(block, Mapping):
             raise ConfigError(f"'parallelism_config' in {_where(self.provenance, 'parallelism_config')} must be a "
                               f"mapping of parallelism_config_* keys, got {block!r}.")
-        config = self.parallelism()
+        config = ParallelismConfig.from_mapping(
+            block, where=f"parallelism_config ({_where(self.provenance, 'parallelism_config')})") if block else None
+        self._parallelism = config
         if config is None:
             self.parallelism_config = None
             return
@@ -268,11 +280,9 @@ class LaunchConfig:
         self.parallelism_config = config.to_launch_dict()
 
     def parallelism(self) -> ParallelismConfig | None:
-        """The ``parallelism_config:`` block as a :class:`ParallelismConfig` (None when absent or empty)."""
-        if not self.parallelism_config:
-            return None
-        return ParallelismConfig.from_mapping(
-            self.parallelism_config, where=f"parallelism_config ({_where(self.provenance, 'parallelism_config')})")
+        """The ``parallelism_config:`` block as a :class:`ParallelismConfig` (None when absent or empty), parsed once
+        when the config was resolved."""
+        return self._parallelism
 
     def _finish_deepspeed(self) -> None:
         block = self.deepspeed_config
@@ -356,6 +366,7 @@ class LaunchConfig:
             elif value is None and not full:
                 continue  # Accelerate drops nulls too
             result[name] = value
+        result.update(self.precision_config or {})  # under each block's own key (fp8_config: ...)
         return result
 
     def source_of(self, key: str) -> str:
@@ -413,6 +424,14 @@ def _merge_layer(mapping: Mapping[str, Any], source: str, merged: dict[str, Any]
                 provenance.pop("min_machines", None)
             merged[key] = value
             provenance[key] = source
+        elif key in option_blocks():  # a mixed precision's own options (config/precision.py), key by key
+            if value is None:
+                continue
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"'{key}' in {source} must be a mapping, got {value!r}.")
+            blocks = merged.setdefault("precision_config", {})
+            blocks[key] = {**blocks.get(key, {}), **value}
+            provenance["precision_config"] = source
         elif key in UNUSED_ACCELERATE_KEYS:
             if key == "fp16" and to_bool("fp16", value, source) and "mixed_precision" not in mapping:
                 merged["mixed_precision"] = "fp16"  # Accelerate's pre-mixed_precision spelling
@@ -438,6 +457,27 @@ def parse_machine_range(value: str, source: str) -> tuple[int, int]:
         raise ConfigError(f"Invalid value {value!r} for 'num_machines' in {source}: MIN ({minimum}) is above "
                           f"MAX ({maximum}).")
     return minimum, maximum
+
+
+def _parse_compute_environment(value: Any, where: str) -> str:
+    if str(value).upper() == "AMAZON_SAGEMAKER":
+        raise ConfigError(f"compute_environment 'AMAZON_SAGEMAKER' ({where}) is not supported by trainkit; "
+                          "use LOCAL_MACHINE.")
+    return check_choice("compute_environment", value, COMPUTE_ENVIRONMENTS, where=where)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return None if value is None else (str(value).strip() or None)
+
+
+def _parse_port(value: Any, where: str) -> int | None:
+    """A port 0-65535; 0 and None mean "pick one"."""
+    if value is None:
+        return None
+    port = to_int("main_process_port", value, where, minimum=0)
+    if port > 65535:
+        raise ConfigError(f"Invalid value {port} for 'main_process_port' in {where}: ports run 0-65535.")
+    return port or None
 
 
 def _parse_rdzv_conf(value: Any, where: str) -> str | None:

@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import ConfigError
+from .options import Option
 
 DEGREE_FIELDS = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size")
 """The size fields, in Accelerate's order."""
@@ -43,15 +44,43 @@ CP_SETTINGS = ("cp_comm_strategy",)
 SP_SETTINGS = ("sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")
 """The fields of :class:`DeepSpeedSequenceParallelConfig` (``sp_handler``)."""
 LAUNCH_PREFIX = "parallelism_config_"
-LAUNCH_KEYS = (*DEGREE_FIELDS, "cp_backend", "sp_backend", *CP_SETTINGS, *SP_SETTINGS)
-"""The keys of the launch YAML's ``parallelism_config:`` block and of the ``--parallelism_config_*`` flags,
-after the prefix (Accelerate 1.15's launcher); the last four build ``cp_handler`` / ``sp_handler``."""
 REST = -1
 """A degree of -1: whatever the world size leaves once the other degrees are applied."""
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
 """How torch's ring attention moves key/value shards between the ranks of a context-parallel group."""
 SP_ATTENTION_IMPLEMENTATIONS = ("sdpa", "flash_attention_2", "flash_attention_3")
 """Attention implementations Ulysses can run inside (besides hub-hosted flash kernels), as Accelerate lists them."""
+
+
+def _degree_option(text: str) -> Option:
+    return Option(help=text, parse=lambda value, key, where: None if value is None else _degree(key, value, where))
+
+
+PARALLELISM_OPTIONS: dict[str, Option] = {
+    "dp_replicate_size": _degree_option("Full model copies; gradients all-reduced across them (-1: the rest of the "
+                                        "processes)."),
+    "dp_shard_size": _degree_option("Processes each copy is sharded across with FSDP2 (-1: the rest)."),
+    "tp_size": _degree_option("Processes each layer is split across (tensor parallel, by the model's TP plan)."),
+    "cp_size": _degree_option("Processes each sequence is split across, attention by torch's ring attention "
+                              "(CUDA only)."),
+    "sp_size": _degree_option("Processes each sequence is split across, attention by Ulysses all-to-all over the "
+                              "heads."),
+    "cp_backend": Option(help="torch (the only value).", choices=("torch",)),
+    "sp_backend": Option(help="deepspeed (the only value: the Ulysses algorithm, run on torch's collectives).",
+                         choices=("deepspeed",)),
+    "cp_comm_strategy": Option(help="allgather (default) or alltoall: how the ring passes key/value shards "
+                               "(cp_size > 1).", choices=CP_COMM_STRATEGIES),
+    "sp_seq_length": Option(help="The length every batch has, checked when "
+                            "--parallelism_config_sp_seq_length_is_variable false."),
+    "sp_seq_length_is_variable": Option(help="true (default): any batch length, padded to a multiple of sp_size; "
+                                        "false: fixed."),
+    "sp_attn_implementation": Option(help="Attention run on the gathered sequence: sdpa (default), "
+                                     "flash_attention_2/3."),
+}
+"""The keys of the launch YAML's ``parallelism_config:`` block and of the ``--parallelism_config_*`` flags, after
+the prefix (Accelerate 1.15's launcher), declared once with their help; the degrees are parsed here, the backends
+and the cp/sp settings by :class:`ParallelismConfig` and the handler classes they build."""
+LAUNCH_KEYS = tuple(PARALLELISM_OPTIONS)
 
 
 @dataclasses.dataclass
@@ -300,8 +329,8 @@ class ParallelismConfig:
             name = key[len(LAUNCH_PREFIX):] if key.startswith(LAUNCH_PREFIX) else key
             if name not in LAUNCH_KEYS:
                 raise ConfigError(f"{where}: unknown key {key!r}; valid: {[LAUNCH_PREFIX + k for k in LAUNCH_KEYS]}.")
-            if name in DEGREE_FIELDS and value is not None:
-                value = _degree(f"parallelism_config_{name}", value, where)
+            if name in DEGREE_FIELDS:  # the backends and cp/sp settings are checked by the classes they build
+                value = PARALLELISM_OPTIONS[name].read(value, LAUNCH_PREFIX + name, where)
             chosen[name] = value
         for handler, settings, factory in (("cp_handler", CP_SETTINGS, TorchContextParallelConfig),
                                            ("sp_handler", SP_SETTINGS, DeepSpeedSequenceParallelConfig)):

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError
+from .options import Option, integer
 
 PREEMPTED_EXIT_CODE = 75
 """Exit status of a worker (and of ``trainkit launch``) that saved a checkpoint after a stop signal and ended
@@ -61,3 +62,12 @@ def parse_signal_names(value: Any, where: str = "preemption_signals") -> str:
 def signals_from_names(names: str) -> list[signal.Signals]:
     """The :class:`signal.Signals` of a list produced by :func:`parse_signal_names`."""
     return [getattr(signal, name) for name in parse_signal_names(names).split(",")]
+
+
+PREEMPTION_SIGNALS = Option(
+    help="Signals forwarded to every worker, which then save a checkpoint and stop (default SIGTERM,SIGINT,SIGUSR1; "
+         "a comma-separated string or a YAML list; see docs/preemption.md).",
+    default=DEFAULT_PREEMPTION_SIGNALS, parse=lambda value, key, where: parse_signal_names(value, where))
+PREEMPTION_GRACE_PERIOD = Option(
+    help=f"Seconds to wait for the workers to save and exit after a forwarded signal, before SIGKILL (default "
+         f"{DEFAULT_GRACE_PERIOD}).", default=DEFAULT_GRACE_PERIOD, parse=integer(0), flag_type=int)

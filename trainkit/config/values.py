@@ -17,7 +17,6 @@ UNSUPPORTED_DISTRIBUTED_TYPES = (
 )
 ASYNC_SAVE_WHEN_BUSY = ("wait", "skip")
 """What an asynchronous save does when the previous one is still being written: wait for it, or be skipped."""
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
 RDZV_BACKENDS = ("static", "c10d")
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 
@@ -30,25 +29,6 @@ def parse_distributed_type(value: Any, where: str) -> str:
             f"distributed_type {value!r} ({where}) is an Accelerate setting that trainkit does not support. "
             f"Supported: {', '.join(DISTRIBUTED_TYPES)} (DEEPSPEED configs run on FSDP2).")
     return check_choice("distributed_type", text, DISTRIBUTED_TYPES, where=where)
-
-
-# torch's dtype names for the same three modes (FSDP's mixed_precision_policy strings use them).
-MIXED_PRECISION_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp32": "no", "float32": "no"}
-
-
-def parse_mixed_precision(value: Any, where: str, key: str = "mixed_precision") -> str:
-    """no | fp16 | bf16 (null/false mean no; torch's dtype names are accepted); fp8 gets a "not supported" error.
-
-    The one vocabulary of mixed precision: the launcher, ``Accelerator(mixed_precision=)``, the engine's
-    precision and the FSDP plugin's ``mixed_precision_policy`` strings all pass through here.
-    """
-    if value is None or value is False:
-        return "no"
-    text = str(value).strip()
-    if text.lower() == "fp8":
-        raise ConfigError(f"{key} 'fp8' ({where}) is not supported by trainkit; use bf16 or fp16.")
-    text = MIXED_PRECISION_ALIASES.get(text.lower(), text)
-    return check_choice(key, text, MIXED_PRECISIONS, where=where)
 
 
 def parse_gpu_ids(value: Any) -> str | None:

@@ -142,7 +142,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             mixed_precision=mixed_precision, cpu=cpu, fsdp_plugin=fsdp_plugin, timeout=pg_kwargs.timeout,
             gradient_accumulation_steps=gradient_accumulation_steps or self._compat.accumulation_steps,
             dynamo_backend=dynamo_backend, dynamo_plugin=dynamo_plugin, deepspeed_plugin=deepspeed_plugin,
-            parallelism_config=parallelism_config, torch_tp_plugin=torch_tp_plugin)
+            parallelism_config=parallelism_config, torch_tp_plugin=torch_tp_plugin,
+            precision_options=self._compat.precision_options)
         self.config = config
         """The resolved settings and where each came from (see :class:`trainkit.config.engine.EngineConfig`)."""
         self.state = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
@@ -176,7 +177,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
         self.strategy = self._choose_strategy(fsdp_plugin, config, ddp_kwargs)
-        self.precision: Precision = self.strategy.build_precision(config.mixed_precision, scaler_kwargs)
+        self.precision: Precision = self.strategy.build_precision(config.mixed_precision, scaler_kwargs,
+                                                                  options=config.precision_options)
         self.dynamo_plugin = config.dynamo or TorchDynamoPlugin()
         """torch.compile settings for prepared models (backend "no": nothing is compiled)."""
         self._models: list[nn.Module] = []

@@ -438,6 +438,20 @@ class ProcessAttributes:
     ``ddp_backend`` and ``ddp_timeout``), as transformers does when its arguments set up the devices.
     """
 
+    # The TrainingArguments fields and methods these read (the dataclass that mixes this in defines them).
+    use_cpu: bool
+    ddp_backend: str | None
+    ddp_timeout: int
+    log_on_each_node: bool
+    save_on_each_node: bool
+    log_level: str
+    log_level_replica: str
+    per_device_train_batch_size: int
+    per_device_eval_batch_size: int
+    if typing.TYPE_CHECKING:
+        def warmup_steps_for(self, num_training_steps: int) -> int: ...
+        def to_dict(self) -> dict[str, Any]: ...
+
     def _process_state(self) -> Any:
         from trainkit.config import load_launch_config_from_env
         from trainkit.engine.process.state import ProcessState

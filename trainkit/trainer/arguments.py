@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
+from trainkit.config.fsdp import SHARDING_STRATEGIES
 from trainkit.config.ignored_field import reset_ignored_field
 from trainkit.engine.tracking import tracker_names
 from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
@@ -29,14 +30,9 @@ SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 TOKEN_COUNT_MODES = ("all", "non_padding", "no")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
-# The words the string form of `fsdp` may contain (transformers' FSDPOption values).
-FSDP_SHARDING_WORDS = {
-    "full_shard": "FULL_SHARD",
-    "shard_grad_op": "SHARD_GRAD_OP",
-    "no_shard": "NO_SHARD",
-    "hybrid_shard": "HYBRID_SHARD",
-    "hybrid_shard_zero2": "HYBRID_SHARD_ZERO2",
-}
+# The words the string form of `fsdp` may contain (transformers' FSDPOption values): each sharding strategy
+# (config/fsdp.py declares them) in lower case, and two flags.
+FSDP_SHARDING_WORDS = {strategy.lower(): strategy for strategy in SHARDING_STRATEGIES}
 FSDP_FLAG_WORDS = ("offload", "auto_wrap")
 # Keyword arguments that transformers 4.x accepted and 5.x renamed: named in the error, not silently mapped.
 # (5.1's warmup_ratio, group_by_length and logging_dir are fields, mapped with a notice: see older_fields.py.)

@@ -23,7 +23,7 @@ from trainkit.config.fsdp import FSDPOptions
 from trainkit.engine.api.configuration import deepspeed_plugin_settings, dynamo_from_arguments
 from trainkit.engine.parallel.pretrained import transformers_layout
 
-from .arguments import TrainingArguments
+from .arguments import FSDP_SHARDING_WORDS, TrainingArguments
 
 if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
@@ -66,8 +66,7 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
     if options is not None:
         words = args.fsdp if isinstance(args.fsdp, list) else str(args.fsdp).split()  # a list once resolved
         settings["fsdp"] = Setting(options, f"{SOURCE}(fsdp={' '.join(words)!r})")
-        named_strategy = any(word in ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2")
-                             for word in words)
+        named_strategy = any(word in FSDP_SHARDING_WORDS for word in words)
         for option in FSDPOptions.field_names():
             value = getattr(options, option)
             if value != FSDPOptions.default_of(option) or (option == "sharding_strategy" and named_strategy):

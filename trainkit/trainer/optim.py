@@ -1,6 +1,6 @@
 """Optimizers and learning-rate schedules named by TrainingArguments (``optim``, ``lr_scheduler_type``).
 
-Every ``optim`` name is resolved by the installed transformers itself: its public static
+Every ``optim`` name is resolved by the installed transformers itself: the handler table of its public static
 ``Trainer.get_optimizer_cls_and_kwargs(args, model)`` gives the class and keyword arguments, so each name
 means what it means in that release (its ``optim_args`` keys, its packages, its defaults). Parameter groups
 follow transformers' ``get_decay_parameter_names`` (no decay on biases and normalisation weights). What the
@@ -68,14 +68,34 @@ def optimizer_cls_and_kwargs(args: Any, model: nn.Module | None = None,
                              optim_args: str | None | bool = True) -> tuple[Any, dict[str, Any]]:
     """transformers' ``Trainer.get_optimizer_cls_and_kwargs`` for trainkit's ``args`` (``optim_args=True``: the
     arguments' own; a string or None: that instead, used to find which keys a name reads)."""
-    from transformers import Trainer as TransformersTrainer
-
     view = _ResolverArguments(args, args.optim_args if optim_args is True else optim_args or None)
-    optimizer_cls, kwargs = TransformersTrainer.get_optimizer_cls_and_kwargs(view, model)  # type: ignore[arg-type]
+    optimizer_cls, kwargs = _resolve(view, model)
     if kwargs.get("fused") and "params" not in kwargs and model is not None and not _fused_supported(model):
         logger.info("Fused AdamW is not available for these parameters; using the foreach implementation.")
         kwargs = {key: value for key, value in kwargs.items() if key != "fused"}
     return optimizer_cls, kwargs
+
+
+def _resolve(view: _ResolverArguments, model: nn.Module | None) -> tuple[Any, dict[str, Any]]:
+    """transformers' resolution of ``view.optim``: the handler table ``Trainer.get_optimizer_cls_and_kwargs`` reads
+    (``transformers.trainer_optimizer``, 5.17+), called with the context that method builds, so that resolving a
+    name does not import ``transformers.trainer`` (the model code, DTensor, datasets and pandas it loads: ~1,600
+    modules more than the table's ~550; ~700 fewer modules before a CNN script's first step). Older releases:
+    the method itself.
+    ``tests/trainer/test_optimizer_resolution.py`` compares the two for every name."""
+    try:
+        from transformers.trainer_optimizer import _OPTIMIZER_HANDLERS, OptimizerContext, _parse_optim_args
+    except ImportError:
+        from transformers import Trainer as TransformersTrainer
+
+        return TransformersTrainer.get_optimizer_cls_and_kwargs(view, model)  # type: ignore[arg-type]  # a view standing in for transformers' TrainingArguments
+    handler = _OPTIMIZER_HANDLERS.get(view.optim)
+    if handler is None:
+        raise ValueError(f"Trainer cannot instantiate unsupported optimizer: {view.optim}")
+    context = OptimizerContext(args=view, model=model, optimizer_kwargs={"lr": view.learning_rate},  # type: ignore[arg-type]  # the view again
+                               adam_kwargs={"betas": (view.adam_beta1, view.adam_beta2), "eps": view.adam_epsilon},
+                               optim_args=_parse_optim_args(view.optim_args))
+    return handler(context)
 
 
 def check_optimizer_name(args: Any) -> None:
@@ -127,12 +147,18 @@ def _same_resolution(first: tuple[Any, dict[str, Any]], second: tuple[Any, dict[
     return first[0] is second[0] and first[1] == second[1]
 
 
-def decay_parameter_names(model: nn.Module) -> list[str]:
-    """transformers' rule (its ``Trainer.get_decay_parameter_names``, called as it is): every parameter but
-    biases, ``nn.LayerNorm`` weights and parameters whose names say norm (layernorm, rmsnorm, .norm, _norm)."""
-    from transformers import Trainer as TransformersTrainer
+NO_DECAY_NAME_PATTERNS = (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
+"""Parameter names ``Trainer.get_decay_parameter_names`` excludes from weight decay (besides ``nn.LayerNorm``
+weights); ``tests/trainer/test_optimizer_resolution.py`` compares the rule with that method's answers."""
 
-    return TransformersTrainer.get_decay_parameter_names(None, model)  # type: ignore[arg-type]  # self unused
+
+def decay_parameter_names(model: nn.Module) -> list[str]:
+    """transformers' rule (its ``Trainer.get_decay_parameter_names``): every parameter but biases, ``nn.LayerNorm``
+    weights and parameters whose names say norm (layernorm, rmsnorm, .norm, _norm), through the same
+    ``trainer_pt_utils.get_parameter_names`` that method calls (without importing ``transformers.trainer``)."""
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    return get_parameter_names(model, [nn.LayerNorm], list(NO_DECAY_NAME_PATTERNS))
 
 
 def parameter_groups(model: nn.Module, decay_names: list[str] | set[str], weight_decay: float) -> list[dict[str, Any]]:
@@ -251,12 +277,12 @@ class _LayerWiseAsScheduled(torch.optim.Optimizer):
         self.defaults = optimizer.defaults
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]  # the wrapped optimizer's groups, read through
         return self.optimizer.param_groups
 
     @param_groups.setter
     def param_groups(self, value: list[dict[str, Any]]) -> None:
         self.optimizer.param_groups = value
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # the wrapped optimizer's step, called through
         """Nothing: the layers step in their gradient hooks."""

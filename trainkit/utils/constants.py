@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import operator
 
+from trainkit.config.fsdp import AUTO_WRAP_POLICIES, BACKWARD_PREFETCH, SHARDING_STRATEGIES
+
 # Checkpoint file names (save_state / save_model write these).
 SCALER_NAME = "scaler.pt"
 MODEL_NAME = "pytorch_model"
@@ -31,10 +33,10 @@ SAGEMAKER_PYTHON_VERSION = "py38"
 SAGEMAKER_TRANSFORMERS_VERSION = "4.17.0"
 SAGEMAKER_PARALLEL_EC2_INSTANCES = ["ml.p3.16xlarge", "ml.p3dn.24xlarge", "ml.p4dn.24xlarge"]
 
-# FSDP option names, as `accelerate config` offers them.
-FSDP_SHARDING_STRATEGY = ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
-FSDP_AUTO_WRAP_POLICY = ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
-FSDP_BACKWARD_PREFETCH = ["BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"]
+# FSDP option names, as `accelerate config` offers them (the choices config/fsdp.py declares).
+FSDP_SHARDING_STRATEGY = list(SHARDING_STRATEGIES)
+FSDP_AUTO_WRAP_POLICY = list(AUTO_WRAP_POLICIES)
+FSDP_BACKWARD_PREFETCH = list(BACKWARD_PREFETCH)
 FSDP_STATE_DICT_TYPE = ["FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT"]
 FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
 

@@ -200,8 +200,8 @@ class _AbsentFeature:
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             _AbsentFeature.__init__(self)
 
-        __init__.__signature__ = accelerate_signature(cls.__name__, method=True)  # type: ignore[attr-defined]
-        cls.__init__ = __init__  # type: ignore[method-assign]
+        __init__.__signature__ = accelerate_signature(cls.__name__, method=True)  # type: ignore[attr-defined]  # Accelerate's signature, for inspect
+        cls.__init__ = __init__  # type: ignore[method-assign]  # the refusing constructor replaces the generated one
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         from trainkit.utils.unsupported import NOT_DRIVEN

@@ -33,11 +33,11 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
 
     # Patched on the class for the duration of the block, as Accelerate's init_on_device does; mypy refuses any
     # assignment to a method, and register_on_device's module parameter is nn.Module rather than Self.
-    nn.Module.register_parameter = register_on_device  # type: ignore[method-assign, assignment]
+    nn.Module.register_parameter = register_on_device  # type: ignore[method-assign, assignment]  # patched inside the context only
     try:
         yield
     finally:
-        nn.Module.register_parameter = original  # type: ignore[method-assign]
+        nn.Module.register_parameter = original  # type: ignore[method-assign]  # restored
 
 
 def init_empty_weights(include_buffers: bool | None = None) -> contextlib.AbstractContextManager:

@@ -139,5 +139,5 @@ def convert_outputs_to_fp32(model_forward: Callable[..., Any]) -> Callable[..., 
     def forward(*args: Any, **kwargs: Any) -> Any:
         return wrapped(*args, **kwargs)
 
-    forward.__wrapped__ = model_forward  # type: ignore[attr-defined]
+    forward.__wrapped__ = model_forward  # type: ignore[attr-defined]  # as functools.wraps records it
     return forward

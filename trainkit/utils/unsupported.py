@@ -240,7 +240,7 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
 
 def accelerate_signature(name: str, method: bool = False) -> inspect.Signature:
     """The signature of ``ACCELERATE_SIGNATURES[name]`` (with ``self`` first for a method)."""
-    arguments = ast.parse(f"def _({'self, ' if method else ''}{ACCELERATE_SIGNATURES[name]}): pass").body[0].args  # type: ignore[attr-defined]
+    arguments = ast.parse(f"def _({'self, ' if method else ''}{ACCELERATE_SIGNATURES[name]}): pass").body[0].args  # type: ignore[attr-defined]  # body[0] is the def just parsed
     kind = inspect.Parameter
     positional = arguments.posonlyargs + arguments.args
     defaults = [kind.empty] * (len(positional) - len(arguments.defaults)) + list(arguments.defaults)
@@ -267,7 +267,7 @@ def refusing_function(name: str) -> Any:
 
     refused.__name__ = refused.__qualname__ = name
     refused.__doc__ = f"Not available in trainkit: {NOT_DRIVEN[name]}."
-    refused.__signature__ = accelerate_signature(name)  # type: ignore[attr-defined]
+    refused.__signature__ = accelerate_signature(name)  # type: ignore[attr-defined]  # Accelerate's signature, for inspect
     return refused
 
 
@@ -277,7 +277,7 @@ def refusing_class(name: str) -> type:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _refuse(name)
 
-    __init__.__signature__ = accelerate_signature(name, method=True)  # type: ignore[attr-defined]
+    __init__.__signature__ = accelerate_signature(name, method=True)  # type: ignore[attr-defined]  # Accelerate's signature, for inspect
     return type(name, (), {"__init__": __init__, "__doc__": f"Not available in trainkit: {NOT_DRIVEN[name]}.",
                            "__module__": __name__})
 

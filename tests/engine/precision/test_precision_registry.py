@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from trainkit import Accelerator
-from trainkit.config.values import MIXED_PRECISIONS
+from trainkit.config.precision import MIXED_PRECISIONS
 from trainkit.engine.precision import registry
 from trainkit.engine.precision.amp import AutocastPrecision
 from trainkit.engine.precision.base import Precision

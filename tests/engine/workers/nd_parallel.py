@@ -119,6 +119,7 @@ def main(out: Path) -> None:
     results["launcher_block/untied"] = distributed(None, tied=False)  # the launch YAML's block: HSDP 2x2
     for layout_name in ("tp2_fsdp2", "hsdp2x2"):  # bf16: FSDP2's policy plus autocast, with and without TP
         results[f"{layout_name}/bf16"] = distributed(LAYOUTS[layout_name], tied=False, mixed_precision="bf16")
+    results["initial/untied"] = build_model(False).state_dict()  # the bf16 test measures each run's update from it
     if Accelerator().is_main_process:
         torch.save(results, out / "results.pt")
 

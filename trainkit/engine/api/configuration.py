@@ -27,7 +27,7 @@ def accelerator_settings(*, mixed_precision: Any = None, gradient_accumulation_s
                          cpu: Any = None, fsdp_plugin: Any = None, gradient_accumulation_plugin: Any = None,
                          timeout: timedelta | None = None, dynamo_backend: Any = None, dynamo_plugin: Any = None,
                          deepspeed_plugin: Any = None, parallelism_config: Any = None,
-                         torch_tp_plugin: Any = None) -> dict[str, Setting]:
+                         torch_tp_plugin: Any = None, precision_options: Any = None) -> dict[str, Setting]:
     """The explicit settings of one ``Accelerator(...)`` call: only the arguments that were given."""
     settings: dict[str, Setting] = {}
     if deepspeed_plugin is not None:  # first: the script's own arguments must agree with its DeepSpeed config
@@ -62,6 +62,9 @@ def accelerator_settings(*, mixed_precision: Any = None, gradient_accumulation_s
         settings["parallelism"] = Setting(parallelism_config, "Accelerator(parallelism_config=)")
     elif torch_tp_plugin is not None:
         settings["parallelism"] = Setting(tp_plugin_parallelism(torch_tp_plugin), "Accelerator(torch_tp_plugin=)")
+    if precision_options is not None:
+        settings["precision_options"] = Setting(precision_options,
+                                                f"Accelerator(kwargs_handlers=[{type(precision_options).__name__}])")
     if conflicts:
         raise ConfigError("Accelerator(...): " + "; ".join(conflicts) + ".")
     return settings

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainkit.config.precision import PRECISIONS, declaration_for_options
 from trainkit.utils.dataclasses import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -34,18 +35,20 @@ class CompatOptions:
     """What the options resolved to."""
 
     handlers: dict[type, KwargsHandler] = field(default_factory=dict)
+    precision_options: Any = None
+    """A mixed precision's own options object (a class declared in ``trainkit.config.precision``), if given."""
     accumulation_steps: int | None = None
     sync_each_batch: bool = False
 
     @property
     def autocast_kwargs(self) -> AutocastKwargs | None:
         """The AutocastKwargs handler, if one was given."""
-        return self.handlers.get(AutocastKwargs)  # type: ignore[return-value]
+        return self.handlers.get(AutocastKwargs)  # type: ignore[return-value]  # the handler kept under its own type
 
     @property
     def profile_kwargs(self) -> ProfileKwargs | None:
         """The ProfileKwargs handler, if one was given."""
-        return self.handlers.get(ProfileKwargs)  # type: ignore[return-value]
+        return self.handlers.get(ProfileKwargs)  # type: ignore[return-value]  # the handler kept under its own type
 
     def ddp_comm_hook(self) -> dict[str, Any] | None:
         """The DDP communication hook to register, or None."""
@@ -56,10 +59,12 @@ class CompatOptions:
 
 
 def collect_handlers(kwargs_handlers: Sequence[KwargsHandler] | None) -> dict[type, KwargsHandler]:
-    """One handler per type; an unknown object or a repeated type is an error."""
+    """One handler per type; an unknown object or a repeated type is an error. A mixed precision's options object
+    (its class declared in ``trainkit.config.precision``) is a handler too, kept under its own class."""
     handlers: dict[type, KwargsHandler] = {}
+    precision_options = tuple(declared.options for declared in PRECISIONS.values() if declared.options is not None)
     for handler in kwargs_handlers or []:
-        kind = next((t for t in _HANDLER_TYPES if isinstance(handler, t)), None)
+        kind = next((t for t in _HANDLER_TYPES + precision_options if isinstance(handler, t)), None)
         if kind is None:
             names = ", ".join(t.__name__ for t in _HANDLER_TYPES)
             raise TypeError(f"Accelerator(kwargs_handlers=...) got {handler!r}; valid handlers: {names}.")
@@ -79,6 +84,8 @@ def resolve_compat_options(
 ) -> CompatOptions:
     """Validate the options and return what the Accelerator needs from them."""
     options = CompatOptions(handlers=collect_handlers(kwargs_handlers))
+    options.precision_options = next((handler for handler in options.handlers.values()
+                                      if declaration_for_options(handler) is not None), None)
     if megatron_lm_plugin is not None:
         raise NotImplementedError("Accelerator(megatron_lm_plugin=...): trainkit does not drive Megatron-LM; use FSDP2.")
     if gradient_accumulation_plugin is not None:

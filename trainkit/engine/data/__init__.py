@@ -25,7 +25,7 @@ class _SkipBatchSampler(BatchSampler):
         self.batch_size: int | None = getattr(batch_sampler, "batch_size", None)  # type: ignore[assignment]  # torch types it int; a custom sampler may have none
         self.drop_last = getattr(batch_sampler, "drop_last", False)
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self):  # type: ignore[override]  # the inner batch sampler's batches, sliced
         return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
     def __len__(self) -> int:

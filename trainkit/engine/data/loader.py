@@ -18,9 +18,9 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
@@ -102,11 +102,11 @@ class DataLoaderStateMixin:
         self.reset()
         if not hasattr(self, "gradient_state"):
             self.gradient_state = current_gradient_state()
-        self.gradient_state.push(self)  # type: ignore[arg-type]
+        self.gradient_state.push(self)  # type: ignore[arg-type]  # the prepared loader that mixes this in is a WindowedLoader
 
     def end(self) -> None:
         """End a pass: stop being the gradient state's active loader."""
-        self.gradient_state.pop(self)  # type: ignore[arg-type]
+        self.gradient_state.pop(self)  # type: ignore[arg-type]  # the prepared loader that mixes this in is a WindowedLoader
 
 
 class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
@@ -202,7 +202,8 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
             return self.dataset
         if self.batch_sampler is None and isinstance(self.sampler, ShardedBatchSampler):
             return self.sampler  # a batch sampler given as sampler= (batch_size=None): the dataset takes index lists
-        return self.batch_sampler
+        # prepare_data_loader builds every prepared loader with a ShardedBatchSampler (or none, for streams)
+        return cast("ShardedBatchSampler | None", self.batch_sampler)
 
     @property
     def is_stream(self) -> bool:
@@ -282,7 +283,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         """Order the dataset with ``sampler`` from the next pass on (kept under the sharding batch sampler)."""
         inner = getattr(self._shard, "batch_sampler", None)
         if isinstance(inner, BatchSampler) or hasattr(inner, "sampler"):
-            inner.sampler = sampler  # type: ignore[union-attr]
+            inner.sampler = sampler  # type: ignore[union-attr]  # inner has a sampler (checked above)
         elif isinstance(self.batch_sampler, BatchSampler):
             self.batch_sampler.sampler = sampler
         else:
@@ -298,7 +299,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     def total_dataset_length(self) -> int:
         """Samples in the whole dataset (every process's part together)."""
         dataset = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
-        return len(dataset)
+        return len(cast(Sized, dataset))  # a TypeError for an unsized dataset, as torch's len(loader)
 
     def _set_seed(self, seed: int) -> None:
         """Use ``seed`` for the shuffling order too (the seedable sampler was built with the previous one)."""
@@ -318,7 +319,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         epoch = self.progress.epoch
         for target in (getattr(self._shard, "batch_sampler", None), self._shard, self.dataset):
             sampler = getattr(target, "sampler", None)
-            if hasattr(sampler, "set_epoch"):
+            if sampler is not None and hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(epoch)
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
@@ -346,7 +347,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         except TypeError:
             self._expected_batches = None
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # batches, not torch's _BaseDataLoaderIter
         self._begin_iteration()
         synced = self.synced_generator
         sharded_by_indices = not (self.is_stream or self.dispatch_to)
@@ -377,7 +378,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
                         self.remainder = real % self.global_batch_size if real > 0 and self.global_batch_size else real
                 if self.global_batch_size:
                     self.progress.samples_seen += self.global_batch_size
-                batch, self.real_counts, cursor = current  # type: ignore[misc]  # not _END here
+                batch, self.real_counts, cursor = cast("tuple[Any, list[int] | None, Any]", current)  # not _END
                 if self.is_stream:
                     self._stream.advance(cursor)
                 yield send_to_device(batch, self.device, self.non_blocking) if self.device is not None else batch

@@ -101,7 +101,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         """Real (not padding) samples in the last global batch of the last iteration; -1 until known."""
 
     def __len__(self) -> int:
-        batches = len(self.batch_sampler)  # type: ignore[arg-type]
+        batches = len(self.batch_sampler)  # type: ignore[arg-type]  # the wrapped batch sampler is sized (a BatchSampler)
         if self.split_batches:
             return batches
         if self.drop_last:

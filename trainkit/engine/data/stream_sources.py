@@ -141,7 +141,7 @@ def split_under_transforms(dataset: Any, step: int, offset: int) -> Any:
     on every node; this puts the step under the chain of lazy transforms instead. Raises ``TypeError`` for
     chains it cannot walk (several sources: concatenated or interleaved streams).
     """
-    from datasets.iterable_dataset import StepExamplesIterable  # type: ignore[import-untyped]
+    from datasets.iterable_dataset import StepExamplesIterable  # type: ignore[import-untyped]  # datasets ships no type information
 
     part = copy.deepcopy(dataset)
     holder, attribute = part, "_ex_iterable"

@@ -96,7 +96,7 @@ def register(model: nn.Module, name: str, function: Callable[..., Any], inner: s
 
     AttentionInterface.register(name, function)
     AttentionMaskInterface.register(name, mask)
-    model.config._attn_implementation = name  # type: ignore[union-attr]
+    model.config._attn_implementation = name  # type: ignore[union-attr]  # a transformers model: its config exists
 
 
 def refuse_mask(attention_mask: Any, dimension: str) -> None:

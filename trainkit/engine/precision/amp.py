@@ -16,9 +16,8 @@ from typing import Any
 import torch
 
 from trainkit.engine.precision.base import Precision
+from trainkit.engine.precision.registry import compute_dtype
 from trainkit.engine.process.nested import map_tensors
-
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class AutocastPrecision(Precision):
@@ -28,7 +27,7 @@ class AutocastPrecision(Precision):
                  scaler_class: type[torch.amp.GradScaler] | None = None) -> None:
         """``scaler_class``: the fp16 loss scaler's class, chosen by the strategy (FSDP: ``ShardedGradScaler``)."""
         super().__init__(mode, device, scaler_kwargs)
-        self.dtype = _DTYPES[mode]
+        self.dtype = compute_dtype(mode)
         if mode == "fp16":
             self.scaler = (scaler_class or torch.amp.GradScaler)(device.type, **self.scaler_kwargs)
         self._unscaled: set[int] = set()
@@ -50,7 +49,7 @@ class AutocastPrecision(Precision):
                 outputs = forward(*args, **kwargs)
             return loss_in_float32(outputs)
 
-        autocast_forward.__wrapped_by_trainkit__ = forward  # type: ignore[attr-defined]
+        autocast_forward.__wrapped_by_trainkit__ = forward  # type: ignore[attr-defined]  # a marker on the function object
         return autocast_forward
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:

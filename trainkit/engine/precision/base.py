@@ -37,6 +37,9 @@ class Precision:
         """The GradScaler settings (GradScalerKwargs) this precision was built with."""
         self.scaler: torch.amp.GradScaler | None = None
         """The loss scaler, where this precision scales the loss."""
+        self.options: Any = None
+        """This mode's own settings (an instance of the options class its declaration in
+        ``trainkit.config.precision`` names, resolved like every engine setting); None for modes without any."""
 
     @property
     def enabled(self) -> bool:

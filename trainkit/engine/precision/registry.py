@@ -1,8 +1,9 @@
-"""Which class runs each mixed-precision mode, and on which device types: the one table that
-``Accelerator(mixed_precision=...)`` and ``TrainingArguments(fp16=, bf16=, use_cpu=)`` are checked against.
+"""Which class runs each mixed-precision mode, and on which device types: the engine's view of the modes that
+``trainkit.config.precision.PRECISIONS`` declares, which ``Accelerator(mixed_precision=...)`` and
+``TrainingArguments(fp16=, bf16=, use_cpu=)`` are checked against.
 
-Adding a precision is a file with a :class:`~trainkit.engine.precision.base.Precision` subclass and one entry
-here (plus its name in ``trainkit.config.values.MIXED_PRECISIONS``, the launcher's vocabulary). Classes are
+Adding a precision is a file with a :class:`~trainkit.engine.precision.base.Precision` subclass and its
+declaration in ``config/precision.py`` (its mode, class, dtype and options); this table follows. Classes are
 imported when first built, so a precision whose library is heavy costs nothing until it is asked for.
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from trainkit.config.errors import ConfigError
-from trainkit.config.values import parse_mixed_precision
+from trainkit.config.precision import PRECISIONS as DECLARED, parse_mixed_precision
 from trainkit.engine.precision.base import Precision
 from trainkit.engine.process.devices import DEVICE_TYPES
 
@@ -29,14 +30,11 @@ class PrecisionEntry:
 
 
 PRECISION_REGISTRY: dict[str, PrecisionEntry] = {
-    "no": PrecisionEntry("trainkit.engine.precision.base:Precision"),
-    # fp16 on CPU autocasts to float16 and scales the loss with a CPU GradScaler.
-    "fp16": PrecisionEntry("trainkit.engine.precision.amp:AutocastPrecision"),
-    "bf16": PrecisionEntry("trainkit.engine.precision.amp:AutocastPrecision"),
-}
+    mode: PrecisionEntry(declared.target, declared.runs_on or DEVICE_TYPES) for mode, declared in DECLARED.items()}
+"""Mode -> its class and device types, from the declarations (tests may register a class of their own here)."""
 
 PRECISIONS: tuple[str, ...] = tuple(PRECISION_REGISTRY)
-"""The modes the engine implements (equal to ``trainkit.config.values.MIXED_PRECISIONS``; a test pins it)."""
+"""The modes the engine implements (``trainkit.config.precision.MIXED_PRECISIONS``)."""
 
 PRECISION_DEVICES: dict[str, tuple[str, ...]] = {mode: entry.runs_on for mode, entry in PRECISION_REGISTRY.items()}
 """The device types each precision runs on (:func:`check_precision_device` reads it)."""
@@ -44,7 +42,8 @@ PRECISION_DEVICES: dict[str, tuple[str, ...]] = {mode: entry.runs_on for mode, e
 
 def check_precision_device(mode: str, device_type: str, *, where: str) -> None:
     """Raise when precision ``mode`` does not run on ``device_type`` (per :data:`PRECISION_DEVICES`)."""
-    runs_on = PRECISION_DEVICES.get(mode, ())
+    entry = PRECISION_REGISTRY.get(mode)  # read now: a test may register a mode
+    runs_on = entry.runs_on if entry is not None else ()
     if device_type not in runs_on:
         raise ConfigError(f"{where}: mixed precision {mode!r} does not run on {device_type}; it runs on "
                           f"{', '.join(runs_on) or 'no device'}.")
@@ -60,10 +59,24 @@ def precision_class(mode: str) -> type[Precision]:
     return cls
 
 
+def compute_dtype(mode: str) -> torch.dtype | None:
+    """The low-precision compute dtype of ``mode`` (its declared torch name), None in full precision."""
+    name = DECLARED[mode].dtype
+    return getattr(torch, name) if name else None
+
+
 def build_precision(mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None,
                     scaler_class: type[torch.amp.GradScaler] | None = None,
-                    where: str = "Accelerator(mixed_precision=...)") -> Precision:
-    """Validate ``mode`` (with a did-you-mean) and its device, then build its precision object."""
+                    where: str = "Accelerator(mixed_precision=...)", options: Any = None) -> Precision:
+    """Validate ``mode`` (with a did-you-mean) and its device, then build its precision object.
+
+    ``options``: the mode's own settings (its declared options object, resolved with provenance); a mode that
+    declares options and is given none gets its declaration's defaults."""
     mode = parse_mixed_precision(mode, where=where)
     check_precision_device(mode, device.type, where=where)
-    return precision_class(mode)(mode, device, scaler_kwargs, scaler_class=scaler_class)
+    declared = DECLARED.get(mode)
+    if options is None and declared is not None and declared.options is not None:
+        options = declared.options()
+    precision = precision_class(mode)(mode, device, scaler_kwargs, scaler_class=scaler_class)
+    precision.options = options
+    return precision

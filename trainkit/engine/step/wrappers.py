@@ -62,16 +62,16 @@ class PreparedOptimizer(torch.optim.Optimizer):
     def step_was_skipped(self, value: bool) -> None:
         self._step_was_skipped = value
 
-    @property  # type: ignore[override]
+    @property  # type: ignore[override]  # the wrapped optimizer's state, read through (Accelerate's AcceleratedOptimizer)
     def state(self) -> dict:
         return self.optimizer.state
 
     @state.setter
     def state(self, value: dict) -> None:
-        self.optimizer.state = value  # type: ignore[assignment]
+        self.optimizer.state = value  # type: ignore[assignment]  # torch types it a defaultdict; a loaded state is a dict
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]  # the wrapped optimizer's, read through
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -79,7 +79,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.param_groups = value
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]  # the wrapped optimizer's, read through
         return self.optimizer.defaults
 
     @defaults.setter
@@ -93,7 +93,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         if self.gradient_state.sync_gradients:
             self.optimizer.zero_grad(**({} if set_to_none is None else {"set_to_none": set_to_none}))
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # Accelerate's signature
         if not self.gradient_state.sync_gradients or callable(getattr(self.optimizer, "fused_backward", None)):
             return  # a LOMO optimizer has already updated the weights in backward(learning_rate=...)
         kwargs = {"closure": closure} if closure is not None else {}
@@ -108,22 +108,22 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     # torch's optimizer hooks: registered on the wrapped optimizer, whose step and state_dict run them.
-    def register_step_pre_hook(self, hook: Any) -> Any:  # type: ignore[override]
+    def register_step_pre_hook(self, hook: Any) -> Any:  # type: ignore[override]  # registered on the wrapped optimizer
         return self.optimizer.register_step_pre_hook(hook)
 
-    def register_step_post_hook(self, hook: Any) -> Any:  # type: ignore[override]
+    def register_step_post_hook(self, hook: Any) -> Any:  # type: ignore[override]  # registered on the wrapped optimizer
         return self.optimizer.register_step_post_hook(hook)
 
-    def register_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]
+    def register_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]  # registered on the wrapped optimizer
         return self.optimizer.register_state_dict_pre_hook(hook, prepend)
 
-    def register_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]
+    def register_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]  # registered on the wrapped optimizer
         return self.optimizer.register_state_dict_post_hook(hook, prepend)
 
-    def register_load_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]
+    def register_load_state_dict_pre_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]  # registered on the wrapped optimizer
         return self.optimizer.register_load_state_dict_pre_hook(hook, prepend)
 
-    def register_load_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]
+    def register_load_state_dict_post_hook(self, hook: Any, prepend: bool = False) -> Any:  # type: ignore[override]  # registered on the wrapped optimizer
         return self.optimizer.register_load_state_dict_post_hook(hook, prepend)
 
     def train(self) -> None:

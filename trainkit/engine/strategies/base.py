@@ -84,14 +84,15 @@ class Strategy:
         """Build the strategy from what the Accelerator asked for (the registry calls this)."""
         return cls(request.state)
 
-    def build_precision(self, mode: str, scaler_kwargs: dict[str, Any] | None = None) -> Precision:
-        """Build (and keep) the mixed precision this strategy runs with; fp16 gets the loss scaler it needs."""
+    def build_precision(self, mode: str, scaler_kwargs: dict[str, Any] | None = None, options: Any = None) -> Precision:
+        """Build (and keep) the mixed precision this strategy runs with; fp16 gets the loss scaler it needs.
+        ``options``: the mode's own settings (``EngineConfig.precision_options``)."""
         scaler_class = None
         if mode == "fp16" and self.capabilities.needs_sharded_grad_scaler:
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             scaler_class = ShardedGradScaler
-        self.precision = build_precision(mode, self.device, scaler_kwargs, scaler_class=scaler_class)
+        self.precision = build_precision(mode, self.device, scaler_kwargs, scaler_class=scaler_class, options=options)
         return self.precision
 
     @property

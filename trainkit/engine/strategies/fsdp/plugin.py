@@ -19,12 +19,11 @@ import torch
 
 from trainkit.config.errors import ConfigError
 from trainkit.config.fsdp import FSDPOptions, option_name, parse_option
-from trainkit.config.values import parse_mixed_precision
+from trainkit.config.precision import parse_mixed_precision
+from trainkit.engine.precision.registry import compute_dtype
 from trainkit.engine.strategies.fsdp.pretrained_loading import load_on_rank0_only
 
 logger = logging.getLogger(__name__)
-
-_PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # names: trainkit.config.values
 
 
 def _enum_name(value: Any) -> Any:
@@ -236,7 +235,7 @@ class FullyShardedDataParallelPlugin:
         if isinstance(policy, str):
             mode = parse_mixed_precision(policy, "FullyShardedDataParallelPlugin(mixed_precision_policy=...)",
                                          key="mixed_precision_policy")
-            return _PRECISION_DTYPES.get(mode)
+            return compute_dtype(mode)
         if isinstance(policy, dict):
             return policy.get("param_dtype")
         return getattr(policy, "param_dtype", None)
