@@ -85,7 +85,7 @@ def count_label_items(batches: Sequence[Any], shifts_labels: bool) -> torch.Tens
     try:
         counts = [batch["shift_labels"] if "shift_labels" in batch
                   else batch["labels"][..., 1:] if shifts_labels else batch["labels"] for batch in batches]
-        return sum(labels.ne(-100).sum() for labels in counts)  # type: ignore[return-value]
+        return sum(labels.ne(-100).sum() for labels in counts)  # type: ignore[return-value]  # sum() of tensors is a tensor
     except (TypeError, AttributeError):
         return None
 
