@@ -218,3 +218,24 @@ def test_get_batch_samples_and_the_sampler_hooks_are_called_as_transformers_call
     assert [call for call in ours if call[0] != "_get_eval_sampler"] == [
         call for call in theirs if call[0] != "_get_eval_sampler"]
     assert ("_get_eval_sampler", 4) in ours
+
+
+@oracle
+def test_a_missing_checkpoint_is_refused_with_transformers_error(tmp_path):
+    """A folder that does not exist, and resume_from_checkpoint=True with no checkpoint in output_dir: the same
+    ValueError as transformers' Trainer, whose words scripts (and its own tests) match; nothing is trained."""
+    from tests.trainer.helpers import EchoModel, IndexDataset
+
+    errors = {}
+    for library in (transformers, trainkit):
+        args = library.TrainingArguments(str(tmp_path / library.__name__), use_cpu=True, report_to="none", max_steps=1)
+        trainer = library.Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset())
+        for requested in (str(tmp_path / "checkpoint-5-bogus"), True):
+            with pytest.raises(ValueError) as raised:
+                trainer.train(resume_from_checkpoint=requested)
+            errors[library.__name__, requested is True] = str(raised.value)
+        assert trainer.state.global_step == 0
+    for is_true, prefix in ((False, f"Can't find a valid checkpoint at {tmp_path / 'checkpoint-5-bogus'}"),
+                            (True, f"No valid checkpoint found in output directory ({tmp_path / 'trainkit'})")):
+        assert errors["trainkit", is_true].startswith(prefix)
+        assert errors["transformers", is_true].startswith(prefix.replace("trainkit", "transformers"))

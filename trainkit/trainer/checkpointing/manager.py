@@ -70,12 +70,15 @@ class CheckpointManager:
         """Collective: the folder ``train(resume_from_checkpoint=requested)`` resumes from (see
         :func:`~trainkit.engine.checkpoint.resume_folder.find_resume_folder`), or None."""
         output_dir = self.trainer.args.output_dir
-        if requested is True:
+        if requested is True:  # transformers' ValueError and words (scripts and its tests match them)
             try:
                 self._verified = find_resume_folder(True, output_dir, conventions=[TRAINER_CONVENTION], io=self._io)
             except FileNotFoundError:
-                raise ValueError(f"resume_from_checkpoint=True but {output_dir} has no complete checkpoint.") from None
+                raise ValueError(f"No valid checkpoint found in output directory ({output_dir}): "
+                                 "resume_from_checkpoint=True needs a complete checkpoint-N folder there.") from None
             return self._verified
+        if requested not in (None, False) and not os.path.isdir(os.fspath(requested)):
+            raise ValueError(f"Can't find a valid checkpoint at {os.fspath(requested)}: no such folder.")
         reason = elastic_reason(self.trainer.accelerator.config.elastic)
         if requested is None and decide_on_rank0("look for a preemption marker",
                                                  lambda: preemption.was_preempted(output_dir)):
