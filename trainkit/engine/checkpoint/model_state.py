@@ -18,7 +18,7 @@ from torch import nn
 
 from trainkit.engine.strategies.base import Strategy
 
-from . import state_io
+from . import serialization, state_io
 from .errors import CheckpointMismatchError
 
 
@@ -171,6 +171,10 @@ def prepare_model_load(strategy: Strategy, model: nn.Module, directory: str, ind
     if os.path.isfile(full_path):
         state = state_io.load_tensors(full_path)
         compare_keys(f"model {index} ({model_file(index)})", expected, {k: tuple(v.shape) for k, v in state.items()})
+        return PendingModelLoad(strategy, model, state, None)
+    if index == 0 and os.path.isfile(os.path.join(directory, serialization.INDEX_NAME)):  # re-sharded weights
+        state = serialization.load_safetensors(directory)
+        compare_keys(f"model {index} ({serialization.INDEX_NAME})", expected, {k: tuple(v.shape) for k, v in state.items()})
         return PendingModelLoad(strategy, model, state, None)
     if os.path.isdir(sharded_path):
         compare_keys(f"model {index} ({sharded_model_dir(index)}/)", expected, _sharded_io().saved_tensor_shapes(sharded_path))
