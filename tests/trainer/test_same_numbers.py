@@ -10,6 +10,7 @@ run (dropout and masking), and a checkpoint transformers wrote continues as tran
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -23,6 +24,8 @@ import transformers
 pytestmark = pytest.mark.timeout(300)
 oracle = pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
                             reason="transformers' Trainer (the oracle) needs Accelerate, absent from this stack")
+# the libraries whose Trainer a test runs: trainkit's everywhere, transformers' where it runs (Accelerate installed)
+ORACLE_AND_TRAINKIT = (transformers, trainkit) if importlib.util.find_spec("accelerate") else (trainkit,)
 # transformers 5.1 names length grouping group_by_length=True, later releases train_sampling_strategy.
 GROUP_BY_LENGTH = ({"train_sampling_strategy": "group_by_length"}
                    if "train_sampling_strategy" in transformers.TrainingArguments.__dataclass_fields__
@@ -141,20 +144,21 @@ def test_resuming_a_checkpoint_transformers_wrote(tmp_path):
         assert torch.equal(ours["weights"][name], tensor), name
 
 
-@oracle
 def test_resuming_from_the_last_checkpoint_trains_nothing_and_reports_transformers_zero_loss(tmp_path):
     """Each Trainer resumes its own final checkpoint, at the end of the last epoch (8 steps, 4 an epoch): no step
-    runs, train_loss is 0.0 (it was NaN) and the history (restored from the checkpoint, plus the closing entry) is
-    transformers'. (A final step inside an epoch is not an end for either: both train that epoch's next window.)"""
+    runs, train_loss is 0.0 (it was NaN) and, where transformers' Trainer runs here, the history (restored from the
+    checkpoint, plus the closing entry) is transformers'. (A final step inside an epoch is not an end for either:
+    both train that epoch's next window.)"""
     outputs = {}
-    for library in (transformers, trainkit):
+    for library in ORACLE_AND_TRAINKIT:
         run = str(tmp_path / library.__name__)
         train(library, "bert", run, max_steps=8, save_strategy="steps", save_steps=4)
         outputs[library.__name__] = train(library, "bert", run, max_steps=8, save_strategy="steps", save_steps=4,
                                           resume=f"{run}/checkpoint-8")
-    theirs, ours = outputs["transformers"], outputs["trainkit"]
-    assert ours["losses"] == theirs["losses"] == [] and ours["train_loss"] == theirs["train_loss"] == 0.0
-    assert timeless(ours["log_history"]) == timeless(theirs["log_history"])
+    for output in outputs.values():
+        assert output["losses"] == [] and output["train_loss"] == 0.0
+    if "transformers" in outputs:
+        assert timeless(outputs["trainkit"]["log_history"]) == timeless(outputs["transformers"]["log_history"])
 
 
 @oracle
@@ -220,22 +224,19 @@ def test_get_batch_samples_and_the_sampler_hooks_are_called_as_transformers_call
     assert ("_get_eval_sampler", 4) in ours
 
 
-@oracle
 def test_a_missing_checkpoint_is_refused_with_transformers_error(tmp_path):
     """A folder that does not exist, and resume_from_checkpoint=True with no checkpoint in output_dir: the same
-    ValueError as transformers' Trainer, whose words scripts (and its own tests) match; nothing is trained."""
+    ValueError as transformers' Trainer (compared where it runs here), whose words scripts and its own tests match;
+    nothing is trained."""
     from tests.trainer.helpers import EchoModel, IndexDataset
 
-    errors = {}
-    for library in (transformers, trainkit):
-        args = library.TrainingArguments(str(tmp_path / library.__name__), use_cpu=True, report_to="none", max_steps=1)
+    bogus = str(tmp_path / "checkpoint-5-bogus")
+    for library in ORACLE_AND_TRAINKIT:
+        output_dir = str(tmp_path / library.__name__)
+        args = library.TrainingArguments(output_dir, use_cpu=True, report_to="none", max_steps=1)
         trainer = library.Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset())
-        for requested in (str(tmp_path / "checkpoint-5-bogus"), True):
-            with pytest.raises(ValueError) as raised:
-                trainer.train(resume_from_checkpoint=requested)
-            errors[library.__name__, requested is True] = str(raised.value)
+        with pytest.raises(ValueError, match=re.escape(f"Can't find a valid checkpoint at {bogus}")):
+            trainer.train(resume_from_checkpoint=bogus)
+        with pytest.raises(ValueError, match=re.escape(f"No valid checkpoint found in output directory ({output_dir})")):
+            trainer.train(resume_from_checkpoint=True)
         assert trainer.state.global_step == 0
-    for is_true, prefix in ((False, f"Can't find a valid checkpoint at {tmp_path / 'checkpoint-5-bogus'}"),
-                            (True, f"No valid checkpoint found in output directory ({tmp_path / 'trainkit'})")):
-        assert errors["trainkit", is_true].startswith(prefix)
-        assert errors["transformers", is_true].startswith(prefix.replace("trainkit", "transformers"))
