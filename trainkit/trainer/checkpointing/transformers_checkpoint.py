@@ -16,7 +16,6 @@ returns makes the Trainer's loop do the same, so the run continues with transfor
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trainkit.engine.checkpoint import model_state
+from trainkit.engine.checkpoint import model_state, serialization
 from trainkit.engine.checkpoint.errors import CheckpointMismatchError
 
 from .files import TRAINER_STATE_NAME, prepared_model
@@ -65,18 +64,8 @@ def _load(path: str) -> Any:
 
 
 def _read_weights(folder: str) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as handle:
-            shards = sorted(set(json.load(handle)["weight_map"].values()))
-        state: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            state.update(load_file(os.path.join(folder, shard)))
-        return state
-    if os.path.isfile(os.path.join(folder, "model.safetensors")):
-        return load_file(os.path.join(folder, "model.safetensors"))
+    if any(os.path.isfile(os.path.join(folder, name)) for name in (serialization.WEIGHTS_NAME, serialization.INDEX_NAME)):
+        return serialization.load_safetensors(folder)  # one file, or shards with their index
     return _load(os.path.join(folder, "pytorch_model.bin"))
 
 
