@@ -8,8 +8,9 @@ state dicts (sharded), or gathering full state dicts and ``safetensors.save_file
 Then the same save with ``ProjectConfiguration(async_save=True)``: ``async_blocked_s`` is the time ``save_state``
 kept the training loop waiting (the slowest rank: staging into host buffers), ``async_durable_s`` the time until
 the background writer had committed the checkpoint (durable and visible), ``async_blocked_ratio`` the blocked time
-over the synchronous ``save_s``. The staging buffers are allocated by the first asynchronous save (repeat 0) and
-reused by the next ones. One JSON line per run on stdout.
+over the synchronous ``save_s``. Asynchronous saves are switched on just for that save here, so the staging memory
+is not set up ahead (the first asynchronous save of a run is measured by ``checkpoint_first_save.py``). One JSON
+line per run on stdout.
 
     .venv/bin/python benchmarks/checkpoint_io.py            # launches itself on 2 processes
 """
@@ -58,7 +59,6 @@ def _worker(args: argparse.Namespace) -> None:
     )
 
     from trainkit import Accelerator, FullyShardedDataParallelPlugin
-    from trainkit.engine.checkpoint.async_writer import flush_background_writes
 
     logging.disable(logging.WARNING)
     root = Path(args.dir)
@@ -84,9 +84,9 @@ def _worker(args: argparse.Namespace) -> None:
         accelerator.project_configuration.async_save = True
         dist.barrier()
         accelerator.save_state(folder)
-        flush_background_writes(accelerator)
+        accelerator.checkpointer.flush()
         accelerator.project_configuration.async_save = False
-        writer = accelerator._checkpoint_writer
+        writer = accelerator.checkpointer.writer
         return slowest(writer.last_blocked_s), slowest(writer.last_durable_s)
 
     def timed(function) -> float:

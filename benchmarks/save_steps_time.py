@@ -76,7 +76,7 @@ def run(mode: str, steps: int, width: int, batch: int, scratch: str) -> dict[str
     per_step = [b - a for a, b in zip(clock, clock[1:])][3:]
     result: dict[str, float | int] = {"median_s": round(statistics.median(per_step), 4),
                                       "mean_s": round(statistics.mean(per_step), 4)}
-    writer = getattr(trainer.accelerator, "_checkpoint_writer", None)
+    writer = trainer.accelerator.checkpointer.writer
     if writer is not None:
         result.update(written=writer.written, skipped=writer.skipped,
                       blocked_ms_per_save=round(1000 * writer.blocked_s_total / max(1, writer.written + writer.skipped), 1))

@@ -31,6 +31,7 @@ SEAMS = {
     "precision": ("base.py", "registry.py"),
     "strategies": ("base.py", "registry.py"),
     "tracking": ("base.py", "registry.py"),
+    "checkpoint/storage": ("base.py", "registry.py"),
 }
 """Concepts that grow: a contract and a registry, so that a new implementation is one file and one entry."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0.dev0"
+from trainkit.version import __accelerate_version__, __trainkit_version__, __version__
 
 _LAZY = {
     "Accelerator": "trainkit.engine.accelerator",
@@ -23,10 +23,11 @@ _LAZY = {
     "MegatronLMPlugin": "trainkit.utils.dataclasses",
     "ProfileKwargs": "trainkit.utils.dataclasses",
     "TorchDynamoPlugin": "trainkit.config.dynamo",
-    "ParallelismConfig": "trainkit.config.parallelism",
+    "ParallelismConfig": "trainkit.parallelism_config",
     "find_executable_batch_size": "trainkit.utils.memory",
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
+    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
     "notebook_launcher": "trainkit.engine.process.launchers",
     "debug_launcher": "trainkit.engine.process.launchers",
     "ProcessState": "trainkit.engine.process.state",
@@ -49,6 +50,9 @@ _LAZY = {
     "TrainerState": "trainkit.trainer",
     "TrainerControl": "trainkit.trainer",
     "EarlyStoppingCallback": "trainkit.trainer",
+    "DefaultFlowCallback": "trainkit.trainer",
+    "PrinterCallback": "trainkit.trainer",
+    "ProgressCallback": "trainkit.trainer",
     "EvalPrediction": "trainkit.trainer",
 }
 _RENAMED: dict[str, str] = {}
@@ -77,8 +81,11 @@ if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
     from trainkit.engine.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
     from trainkit.trainer import (
+        DefaultFlowCallback,
         EarlyStoppingCallback,
         EvalPrediction,
+        PrinterCallback,
+        ProgressCallback,
         Seq2SeqTrainer,
         Seq2SeqTrainingArguments,
         Trainer,

@@ -46,11 +46,8 @@ class DataLoaderAdapter(DataLoader):
                              "by save_state and restored by load_state.")
         super().__init__(dataset, batch_sampler=batch_sampler, **kwargs)
         self.use_stateful_dataloader = use_stateful_dataloader
-
-    @property
-    def base_dataloader(self) -> DataLoader:
+        self.base_dataloader = self
         """The loader that does the work (this one)."""
-        return self
 
 
 class SkipDataLoader(DataLoaderAdapter):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import MutableMapping
 from typing import Any
 
 
@@ -17,25 +16,26 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
     def log(self, level: int, msg: Any, *args: Any, main_process_only: bool = True,  # type: ignore[override]  # Accelerate's
             in_order: bool = False, **kwargs: Any) -> None:
+        # Records name the caller's line: this method is the adapter's one frame between the caller and
+        # Logger.log, which stacklevel=2 skips (a stacklevel the caller gives counts the same way, as in Accelerate).
         if not self.isEnabledFor(level):
             return
+        msg, processed = self.process(msg, kwargs)
+        kwargs = dict(processed)
+        kwargs.setdefault("stacklevel", 2)
         rank = int(os.environ.get("RANK", 0))
-        if in_order:
-            import torch.distributed as dist
-
-            world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-            for turn in range(world):
-                if turn == rank:
-                    self._emit(level, msg, args, kwargs)
-                if world > 1:
-                    dist.barrier()
+        if not in_order:
+            if not main_process_only or rank == 0:
+                self.logger.log(level, msg, *args, **kwargs)
             return
-        if not main_process_only or rank == 0:
-            self._emit(level, msg, args, kwargs)
+        import torch.distributed as dist
 
-    def _emit(self, level: int, msg: Any, args: tuple, kwargs: MutableMapping[str, Any]) -> None:
-        msg, kwargs = self.process(msg, kwargs)
-        self.logger.log(level, msg, *args, **kwargs)
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        for turn in range(world):
+            if turn == rank:
+                self.logger.log(level, msg, *args, **kwargs)
+            if world > 1:
+                dist.barrier()
 
 
 def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:

@@ -1,10 +1,10 @@
 """``accelerate.state``'s names: ``PartialState``, ``AcceleratorState``, ``GradientState``.
 
-trainkit keeps one process state (:class:`trainkit.engine.process.state.ProcessState`); ``PartialState()`` and
-``AcceleratorState()`` both return it, so their attributes and methods (``distributed_type``,
-``print``, ``wait_for_everyone``, ``split_between_processes``, ``destroy_process_group``...) are the
-same object's. ``GradientState()`` returns the accumulation state of the newest Accelerator.
-``isinstance(obj, PartialState)`` holds for the process state.
+trainkit keeps one process state (:class:`trainkit.engine.process.state.ProcessState`); ``PartialState`` and
+``AcceleratorState`` are Accelerate's shared-state classes over it (every instance of a class shares one
+attribute dictionary; ``_reset_state()`` empties it; see :mod:`trainkit.engine.process.state_views`), and
+``accelerator.state`` is an ``AcceleratorState``. ``GradientState()`` returns the accumulation state of the
+newest Accelerator.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 from trainkit.engine.step.accumulation import GradientState as _EngineGradientState
 from trainkit.engine.process.state import ProcessState
+from trainkit.engine.process.state_views import AcceleratorState, PartialState
 from trainkit.utils.enums import DistributedType
 
 __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState", "ProcessState",
@@ -21,9 +22,9 @@ __all__ = ["AcceleratorState", "DistributedType", "GradientState", "PartialState
 
 
 def is_initialized() -> bool:
-    """True once an Accelerator has set up the state (and no ``AcceleratorState._reset_state()`` since)."""
-    state = ProcessState._instance
-    return state is not None and state.accelerator is not None and not state.accelerator_state_cleared
+    """True once the ``AcceleratorState`` is set up (by an Accelerator; no ``AcceleratorState._reset_state()``
+    since), as Accelerate's ``accelerate.state.is_initialized()``."""
+    return bool(AcceleratorState._shared_state)
 
 
 def do_nothing(*args: Any, **kwargs: Any) -> None:
@@ -52,49 +53,6 @@ class _SharedStateAlias(type):
 
     def __instancecheck__(cls, instance: Any) -> bool:
         return isinstance(instance, cls.target)
-
-
-class PartialState(metaclass=_SharedStateAlias):
-    """Accelerate's ``PartialState()``: the process's state, created on first use (``cpu=True`` forces CPU)."""
-
-    target = ProcessState
-
-    def __new__(cls, cpu: bool = False, **kwargs: Any) -> ProcessState:  # type: ignore[misc]  # Accelerate's class is a view of the engine's object
-        return ProcessState.get(cpu=cpu or None)  # False is Accelerate's default, not a request: --cpu applies
-
-    @staticmethod
-    def _reset_state() -> None:
-        """Forget the state and tear down the process group trainkit created (for tests)."""
-        ProcessState.reset()
-
-
-class AcceleratorState(PartialState):
-    """Accelerate's ``AcceleratorState()``: the same process state; Accelerator-level values come from
-    the newest Accelerator (``distributed_type``, ``mixed_precision``, ``fsdp_plugin``)."""
-
-    def __new__(cls, mixed_precision: str | None = None, cpu: bool = False, dynamo_plugin: Any = None,  # type: ignore[misc]  # a view of the engine's object
-                deepspeed_plugin: Any = None, fsdp_plugin: Any = None, torch_tp_plugin: Any = None,
-                megatron_lm_plugin: Any = None, parallelism_config: Any = None, _from_accelerator: bool = False,
-                **kwargs: Any) -> ProcessState:
-        # The plugins belong to the Accelerator that owns them (Accelerator(fsdp_plugin=...)); the state only
-        # reports them, so they are accepted here and read back from the newest Accelerator.
-        state = ProcessState.get(cpu=cpu or None)
-        if mixed_precision is not None and mixed_precision != state.mixed_precision:
-            raise ValueError(f"AcceleratorState(mixed_precision={mixed_precision!r}): the Accelerator already uses "
-                             f"{state.mixed_precision!r}; set it with Accelerator(mixed_precision=...).")
-        return state
-
-    @staticmethod
-    def _reset_state(reset_partial_state: bool = False) -> None:
-        """Forget the Accelerator-level state (and, with ``reset_partial_state``, the process state too).
-
-        Until a new ``Accelerator()`` is made, an existing Accelerator's ``prepare`` and ``distributed_type``
-        raise an ``AttributeError`` that says so, as Accelerate's do (for test harnesses and notebooks).
-        """
-        if ProcessState._instance is not None:
-            ProcessState._instance.clear_accelerator_state()
-        if reset_partial_state:
-            ProcessState.reset()
 
 
 class GradientState(metaclass=_SharedStateAlias):

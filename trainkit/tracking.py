@@ -7,12 +7,11 @@ raise when constructed: subclass :class:`GeneralTracker` for them and pass an in
 
 from __future__ import annotations
 
-import functools
 import os
 import warnings
-from collections.abc import Callable
 from typing import Any
 
+from trainkit.engine.tracking.base import on_main_process
 from trainkit.engine.tracking import (
     GeneralTracker,
     JSONLTracker,
@@ -20,6 +19,7 @@ from trainkit.engine.tracking import (
     TensorBoardTracker,
     WandBTracker,
     available_trackers,
+    check_logging_directory,
     register_tracker,
     resolve_log_with,
     tracker_classes,
@@ -43,29 +43,7 @@ def get_available_trackers() -> list[str]:
 def filter_trackers(log_with: Any, logging_dir: str | os.PathLike | None = None) -> list[Any]:
     """``log_with`` checked and expanded: "all" becomes every installed tracker, repeats go, unknown names and
     trackers that need a ``logging_dir`` without one are errors."""
-    resolved = resolve_log_with(log_with)
-    unique = list(dict.fromkeys(resolved))
-    for item in unique:
-        cls = LOGGER_TYPE_TO_CLASS.get(item) if isinstance(item, str) else None
-        if cls is not None and getattr(cls, "requires_logging_directory", False) and logging_dir is None:
-            raise ValueError(f"Logging with {item!r} needs a logging_dir.")
-    return unique
-
-
-def on_main_process(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator for tracker methods: run on the main process only when the tracker's ``main_process_only``
-    is true (checked at call time)."""
-
-    @functools.wraps(function)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(self, "main_process_only", False):
-            from trainkit.engine.process.state import ProcessState
-
-            if not ProcessState.get().is_main_process:
-                return None
-        return function(self, *args, **kwargs)
-
-    return wrapper
+    return check_logging_directory(list(dict.fromkeys(resolve_log_with(log_with))), logging_dir)
 
 
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:

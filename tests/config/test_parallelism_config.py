@@ -20,7 +20,7 @@ VIEWS = ("dp_replicate_enabled", "dp_shard_enabled", "tp_enabled", "cp_enabled",
 
 @pytest.fixture(autouse=True)
 def _no_accelerate_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Accelerate's defaults read PARALLELISM_CONFIG_* (its launcher's hand-off); trainkit's never do."""
+    """Both read PARALLELISM_CONFIG_* for fields left at None (``accelerate launch``'s hand-off): clear them."""
     import os
 
     for name in [name for name in os.environ if name.startswith("PARALLELISM_CONFIG_")]:
@@ -54,6 +54,45 @@ def test_views_answer_as_accelerates_for_every_valid_layout() -> None:
             assert getattr(ours, view) == expected, (sizes, view)
         compared += 1
     assert compared >= 60
+
+
+def test_fields_left_at_none_are_read_from_the_environment_as_accelerate_does(monkeypatch) -> None:
+    """``accelerate launch`` exports the block as PARALLELISM_CONFIG_*; a bare ``ParallelismConfig()`` reads it,
+    a value given in code wins, and the cp handler reads its strategy (both libraries, same answers)."""
+    from accelerate.utils import TorchContextParallelConfig as TheirContext
+
+    from trainkit.utils import TorchContextParallelConfig
+
+    for name, value in (("DP_SHARD_SIZE", "2"), ("CP_SIZE", "2"), ("CP_COMM_STRATEGY", "alltoall")):
+        monkeypatch.setenv(f"PARALLELISM_CONFIG_{name}", value)
+    for build in (lambda cls: cls(), lambda cls: cls(dp_shard_size=4)):
+        ours, theirs = build(ParallelismConfig), build(Accelerates)
+        assert (ours.dp_shard_size, ours.cp_size, ours.cp_handler.cp_comm_strategy) == (
+            theirs.dp_shard_size, theirs.cp_size, theirs.cp_handler.cp_comm_strategy)
+    assert ParallelismConfig().dp_shard_size == 2 and ParallelismConfig(dp_shard_size=4).dp_shard_size == 4
+    assert TorchContextParallelConfig().cp_comm_strategy == TheirContext().cp_comm_strategy == "alltoall"
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "ring")
+    with pytest.raises(ConfigError, match="Invalid cp_comm_strategy: ring"):
+        ParallelismConfig()
+    monkeypatch.setenv("PARALLELISM_CONFIG_TP_SIZE", "two")
+    with pytest.raises(ConfigError, match="tp_size='two'"):
+        ParallelismConfig(cp_size=1)
+
+
+def test_get_mesh_lists_the_enabled_dimensions_in_accelerates_order() -> None:
+    layouts = [dict(dp_replicate_size=r, dp_shard_size=s, tp_size=t, cp_size=c)
+               for r, s, t, c in itertools.product((1, 2), (1, 4), (1, 2), (1, 2))]
+    compared = 0
+    for sizes in layouts:
+        try:
+            theirs = Accelerates(**sizes)._get_mesh()
+        except ValueError:  # a layout Accelerate refuses (tp/cp over pure replication)
+            continue
+        assert ParallelismConfig(**sizes)._get_mesh() == theirs, sizes
+        compared += 1
+    assert compared >= 10
+    assert ParallelismConfig()._get_mesh() == ()
+    assert ParallelismConfig(dp_shard_size=2, sp_size=2)._get_mesh() == (("dp_shard", "sp"), (2, 2))
 
 
 @pytest.mark.parametrize("field", ["dp_replicate_size", "dp_shard_size", "tp_size"])
@@ -99,7 +138,7 @@ def test_context_and_sequence_parallelism_take_accelerates_handlers() -> None:
 
 
 @pytest.mark.parametrize(("handler", "values", "match"), [
-    ("TorchContextParallelConfig", dict(cp_comm_strategy="ring"), "cp_comm_strategy='ring'.*allgather"),
+    ("TorchContextParallelConfig", dict(cp_comm_strategy="ring"), "Invalid cp_comm_strategy: ring.*allgather"),
     ("DeepSpeedSequenceParallelConfig", dict(sp_seq_length_is_variable=False), "needs sp_seq_length"),
     ("DeepSpeedSequenceParallelConfig", dict(sp_attn_implementation="eager"), "sp_attn_implementation='eager'"),
     ("DeepSpeedSequenceParallelConfig", dict(sp_attn_implementation="flex_attention"), "flex_attention"),
@@ -126,7 +165,7 @@ def test_handler_settings_travel_through_the_launch_block() -> None:
     context = ParallelismConfig.from_mapping({"parallelism_config_cp_size": 2, "parallelism_config_cp_comm_strategy":
                                               "alltoall"}, where="test.yaml")
     assert context.cp_handler.cp_comm_strategy == "alltoall"
-    with pytest.raises(ConfigError, match="test.yaml.*cp_comm_strategy='ring'"):
+    with pytest.raises(ConfigError, match="test.yaml.*Invalid cp_comm_strategy: ring"):
         ParallelismConfig.from_mapping({"parallelism_config_cp_size": 2, "parallelism_config_cp_comm_strategy": "ring"},
                                        where="test.yaml")
 

@@ -197,7 +197,8 @@ def test_state_aliases_and_their_attributes():
 
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
     state = AcceleratorState()
-    assert state is PartialState() is accelerator.state and isinstance(state, PartialState)
+    assert state.__dict__ is accelerator.state.__dict__ and isinstance(accelerator.state, AcceleratorState)
+    assert PartialState().num_processes == state.num_processes == 1
     assert state.mixed_precision == "bf16" and state.distributed_type == "NO"
     assert state.deepspeed_plugin is None and state.fsdp_plugin is None
     assert GradientState() is accelerator.gradient_state and isinstance(GradientState(), GradientState)

@@ -3,7 +3,7 @@ test_field_effects.py: ``fields_nodes_worker.py OUT``.
 
 Rank 1 is the first (and only) process of the second machine: a machine's main process, not the job's. Each
 rank writes ``OUT/rank<N>.json``: how many of trainkit's debug lines each run let through on it (an evaluation
-logs one), and whether Trainer(save_on_each_node=True) was refused.
+logs one).
 """
 
 import json
@@ -46,11 +46,6 @@ facts = {
     # With log_on_each_node=False the second machine's process is a replica: log_level_replica applies.
     "log_level_replica": debug_lines("replica", log_on_each_node=False, log_level_replica="debug"),
 }
-try:
-    make_trainer(os.path.join(OUT, "each_node"), save_strategy="steps", save_on_each_node=True)
-    facts["save_on_each_node_refused"] = None
-except ValueError as error:
-    facts["save_on_each_node_refused"] = str(error)
 dist.barrier()
 with open(os.path.join(OUT, f"rank{dist.get_rank()}.json"), "w") as handle:
     json.dump(facts, handle)

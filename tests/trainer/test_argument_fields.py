@@ -46,6 +46,7 @@ NON_DEFAULT = {
     "eval_use_gather_object": True, "eval_accumulation_steps": 2, "include_for_metrics": ["inputs"],
     "batch_eval_metrics": True, "save_only_model": True, "save_strategy": "epoch", "save_steps": 10,
     "save_on_each_node": True, "async_save": True, "async_save_when_busy": "skip", "save_total_limit": 2,
+    "checkpoint_dir": "memory://bucket/run",
     "enable_jit_checkpoint": True, "push_to_hub": True,
     "hub_token": "hf_x", "hub_private_repo": True, "hub_model_id": "me/model", "hub_strategy": "end",
     "hub_always_push": True, "hub_revision": "dev", "load_best_model_at_end": True, "metric_for_best_model": "accuracy",

@@ -52,11 +52,13 @@ def test_async_checkpoints_are_the_synchronous_ones_and_resume_exactly(tmp_path)
 def test_last_checkpoint_and_rotation_ignore_a_checkpoint_still_being_written(tmp_path, monkeypatch):
     import threading
 
-    from trainkit.engine.checkpoint import async_writer, state_io, storage
+    from trainkit.engine.checkpoint import async_writer, sinks
 
     gate = threading.Event()
-    real_write = state_io.write_tensors_now
-    monkeypatch.setattr(async_writer, "write_tensors_now", lambda *a: (gate.wait(60), real_write(*a)))
+    real_write = sinks.write_tensors_now
+    in_writer = lambda: threading.current_thread().name == async_writer.WRITER_THREAD_NAME  # noqa: E731
+    monkeypatch.setattr(sinks, "write_tensors_now",
+                        lambda *a: (gate.wait(60) if in_writer() else None, real_write(*a)))
     output_dir = str(tmp_path / "out")
     trainer = make_trainer(output_dir, max_steps=2, save_total_limit=1, eval_strategy="no", async_save=True)
     threading.Timer(1.0, gate.set).start()
@@ -65,11 +67,11 @@ def test_last_checkpoint_and_rotation_ignore_a_checkpoint_still_being_written(tm
 
     gate.clear()
     trainer.args.max_steps = 3
-    writer = trainer.accelerator._checkpoint_writer
-    writer.save(storage.DEFAULT_CHECKPOINT_IO, os.path.join(output_dir, "checkpoint-3"),
-                lambda staging: state_io.save_tensors({"w": torch.ones(2)}, os.path.join(staging, "w.safetensors")),
-                metadata={})
-    assert writer.busy
+    checkpointer = trainer.accelerator.checkpointer
+    checkpointer.save(os.path.join(output_dir, "checkpoint-3"),
+                      lambda staged: staged.sink.tensors({"w": torch.ones(2)}, staged.file("w.safetensors")))
+    writer = checkpointer.writer
+    assert writer is not None and writer.busy
     assert checkpoints.latest_checkpoint(output_dir).endswith("checkpoint-2")  # the one in flight is invisible
     assert checkpoints.sorted_checkpoints(output_dir) == [os.path.join(output_dir, "checkpoint-2")]
     gate.set()
@@ -84,21 +86,21 @@ def test_sigterm_during_a_background_save_finishes_it_saves_again_and_the_rerun_
     import signal
     import time
 
-    from trainkit.engine.checkpoint import async_writer, state_io
+    from trainkit.engine.checkpoint import sinks
     from trainkit.engine.process.preemption import PREEMPTED_EXIT_CODE, Preempted
 
     reference = make_trainer(str(tmp_path / "reference"), save_strategy="no", eval_strategy="no")
     reference.train()
-    real_write, sent = state_io.write_tensors_now, []
+    real_write, sent = sinks.write_tensors_now, []
 
-    def write_then_signal(tensors, path):
+    def write_then_signal(storage, tensors, path):
         if ".checkpoint-3.staging" in path and not sent:
             sent.append(path)
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.3)  # the loop reaches its step boundary while this write is still going on
-        real_write(tensors, path)
+        real_write(storage, tensors, path)
 
-    monkeypatch.setattr(async_writer, "write_tensors_now", write_then_signal)
+    monkeypatch.setattr(sinks, "write_tensors_now", write_then_signal)
     output_dir = str(tmp_path / "out")
     with pytest.raises(Preempted) as stopped:
         make_trainer(output_dir, eval_strategy="no", async_save=True).train()
@@ -124,17 +126,19 @@ def test_async_save_when_busy_skip_skips_the_saves_that_find_a_write_in_flight(t
     import threading
 
     from trainkit import TrainerCallback
-    from trainkit.engine.checkpoint import async_writer, state_io
+    from trainkit.engine.checkpoint import async_writer, sinks
 
     gate = threading.Event()
-    real_write = state_io.write_tensors_now
-    monkeypatch.setattr(async_writer, "write_tensors_now", lambda *a: (gate.wait(60), real_write(*a)))
+    real_write = sinks.write_tensors_now
+    in_writer = lambda: threading.current_thread().name == async_writer.WRITER_THREAD_NAME  # noqa: E731
+    monkeypatch.setattr(sinks, "write_tensors_now",
+                        lambda *a: (gate.wait(60) if in_writer() else None, real_write(*a)))
 
     class ReleaseBeforeStep4(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             if state.global_step == 3:
                 gate.set()
-                trainer.accelerator._checkpoint_writer.flush()  # checkpoint-1 is committed before step 4 saves
+                trainer.accelerator.checkpointer.writer.flush()  # checkpoint-1 is committed before step 4 saves
 
     output_dir = str(tmp_path / "out")
     trainer = make_trainer(output_dir, max_steps=4, eval_strategy="no", async_save=True, async_save_when_busy="skip")
@@ -145,5 +149,5 @@ def test_async_save_when_busy_skip_skips_the_saves_that_find_a_write_in_flight(t
     assert sorted(n for n in os.listdir(output_dir) if n.startswith("checkpoint")) == ["checkpoint-1", "checkpoint-4"]
     skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(skipped) == 2 and "checkpoint-2" in skipped[0] and "checkpoint-3" in skipped[1]
-    writer = trainer.accelerator._checkpoint_writer
+    writer = trainer.accelerator.checkpointer.writer
     assert (writer.written, writer.skipped) == (2, 2)

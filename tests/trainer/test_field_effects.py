@@ -79,6 +79,7 @@ PROOFS: dict[str, Any] = {
     "save_strategy": data.p_save_strategy, "save_steps": data.p_save_steps, "save_total_limit": data.p_save_total_limit,
     "save_only_model": data.p_save_only_model, "save_on_each_node": processes.p_save_on_each_node,
     "async_save": data.p_async_save, "async_save_when_busy": data.p_async_save_when_busy,
+    "checkpoint_dir": data.p_checkpoint_dir,
     "load_best_model_at_end": data.p_load_best_model_at_end, "metric_for_best_model": data.p_metric_for_best_model,
     "greater_is_better": data.p_greater_is_better, "resume_from_checkpoint": outputs.p_resume_from_checkpoint,
     "ignore_data_skip": data.p_ignore_data_skip, "restore_callback_states_from_checkpoint": data.p_callback_states,

@@ -140,7 +140,16 @@ def test_listed_callbacks_are_transformers_and_the_log_files_are_still_written(t
     trainer = Trainer(model=EchoModel(), args=_args(tmp_path, run_name="run"), train_dataset=IndexDataset(8),
                       callbacks=[Mine])
     names = [type(callback).__name__ for callback in trainer.callback_handler.callbacks]
-    assert names == ["DefaultFlowCallback", "PrinterCallback", "Mine"]
+    import transformers
+
+    class Theirs(transformers.TrainerCallback):
+        pass
+
+    Theirs.__name__ = "Mine"
+    oracle = transformers.Trainer(model=EchoModel(), args=transformers.TrainingArguments(
+        str(tmp_path / "oracle"), use_cpu=True, report_to="none", disable_tqdm=True), callbacks=[Theirs])
+    assert names == [type(callback).__name__ for callback in oracle.callback_handler.callbacks]
+    assert names == ["DefaultFlowCallback", "Mine", "PrinterCallback"]  # the progress callback added last
     trainer.train()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     assert len([line for line in lines if "loss" in json.loads(line)]) >= 2  # one per logged step
@@ -266,6 +275,43 @@ def test_a_model_of_scalar_parameters_resumes_exactly_on_one_process(tmp_path):
     assert (resumed.model.a.item(), resumed.model.b.item()) == (straight.model.a.item(), straight.model.b.item())
 
 
+class Recorder(nn.Module):
+    """Keeps every input it saw in a buffer that grows, and overrides load_state_dict to take the saved size."""
+
+    def __init__(self):
+        super().__init__()
+        self.offset = nn.Parameter(torch.zeros(1))
+        self.register_buffer("seen", torch.empty(0))
+        self.loads = 0
+
+    def load_state_dict(self, state_dict, strict=True):
+        self.loads += 1
+        self.seen = state_dict["seen"].clone()
+        return super().load_state_dict(state_dict, strict=strict)
+
+    def forward(self, x, labels=None):
+        self.seen = torch.cat([self.seen, x.squeeze(-1).detach()])
+        prediction = x.squeeze(-1) + self.offset
+        return {"loss": ((prediction - labels) ** 2).mean(), "logits": prediction}
+
+
+def test_resume_loads_weights_through_the_models_own_load_state_dict(tmp_path):
+    """A model overriding load_state_dict (here: a buffer whose size changes) resumes through it, once, as
+    transformers.Trainer loads it; the resumed run then sees the batches the uninterrupted one saw after step 2."""
+    def run(**extra):
+        torch.manual_seed(0)
+        return Trainer(model=Recorder(), train_dataset=IndexDataset(16),
+                       args=_args(tmp_path, max_steps=4, save_strategy="steps", save_steps=2, seed=3, **extra))
+
+    straight = run()
+    straight.train()
+    resumed = run()
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed.model.loads == 1
+    assert torch.equal(resumed.model.seen, straight.model.seen) and straight.model.seen.numel() == 16
+    assert torch.equal(resumed.model.offset, straight.model.offset)
+
+
 def test_resume_warns_about_intervals_that_differ_from_the_checkpoint(tmp_path, caplog):
     args = _args(tmp_path, max_steps=2, save_strategy="steps", save_steps=2)
     Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(8)).train()
@@ -275,3 +321,32 @@ def test_resume_warns_about_intervals_that_differ_from_the_checkpoint(tmp_path, 
             resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
     assert "save_steps: 1 (from args) != 2 (from trainer_state.json)" in caplog.text
     assert "per_device_train_batch_size: 2 (from args) != 4 (from trainer_state.json)" in caplog.text
+
+
+# ----------------------------------------------------------------------------- inspection
+
+
+def test_learning_rates_and_trainable_parameters_as_transformers_reports_them(tmp_path):
+    """get_learning_rates (one value per parameter group, after a warm-up step) and
+    get_num_trainable_parameters (frozen parameters left out) equal transformers.Trainer's on the same model."""
+    import transformers
+
+    def model():
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(3, 4), nn.LayerNorm(4), nn.Linear(4, 1))
+        net[2].weight.requires_grad_(False)
+        return net
+
+    settings = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", learning_rate=0.3, weight_decay=0.1,
+                    warmup_steps=4, max_steps=8)
+    found = []
+    for trainer in (Trainer(model=model(), args=TrainingArguments(**settings)),
+                    transformers.Trainer(model=model(), args=transformers.TrainingArguments(**settings))):
+        with pytest.raises(ValueError):
+            trainer.get_learning_rates()
+        trainer.create_optimizer_and_scheduler(num_training_steps=8)
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+        found.append((trainer.get_learning_rates(), trainer.get_num_trainable_parameters()))
+    assert found[0] == found[1]
+    assert len(found[0][0]) == 2 and found[0][1] == 3 * 4 + 4 + 4 + 4 + 1

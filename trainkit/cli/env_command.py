@@ -42,7 +42,9 @@ def _devices() -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Print the report."""
-    print("- trainkit version:", _version("trainkit"))
+    from trainkit.version import __accelerate_version__
+
+    print("- trainkit version:", _version("trainkit"), f"(Accelerate API {__accelerate_version__})")
     for name in ("torch", "transformers", "datasets", "accelerate", "safetensors"):
         print(f"- {name} version: {_version(name)}")
     print("- Python version:", sys.version.split()[0], f"({sys.executable})")

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from .flag_spellings import accept_hyphen_spellings
+
 COMMANDS: dict[str, str] = {
     "config": "trainkit.cli.config_command",
     "launch": "trainkit.cli.launch_command",
@@ -44,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP,
                                     formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
+        accept_hyphen_spellings(sub)
         sub.set_defaults(_command_module=module)
     return parser
 

@@ -50,6 +50,7 @@ def merge_weights(checkpoint: str, out: str, *, index: int = 0, max_shard_size: 
     """Write the full weights of ``checkpoint``'s ``index``-th model into ``out``; return the files written."""
     from trainkit.engine.checkpoint import atomic, sharded_io, state_io
     from trainkit.engine.checkpoint.serialization import save_safetensors
+    from trainkit.engine.checkpoint.storage import SharedFolderStorage
 
     kind, source = find_model_source(checkpoint, index)
     manifest_root = next((folder for folder in (os.path.dirname(source), os.path.dirname(os.path.dirname(source)))
@@ -58,7 +59,7 @@ def merge_weights(checkpoint: str, out: str, *, index: int = 0, max_shard_size: 
         atomic.verify_checkpoint(manifest_root)
     elif verify:
         logger.warning("%s has no manifest: its files cannot be verified.", checkpoint)
-    state = sharded_io.load_full_tensors(source) if kind == "dcp" else state_io.load_tensors(source)
+    state = sharded_io.load_full_tensors(source) if kind == "dcp" else state_io.load_tensors(SharedFolderStorage(), source)
     os.makedirs(out, exist_ok=True)
     written = save_safetensors(state, out, max_shard_size)
     for folder in {os.path.dirname(source), checkpoint, os.path.dirname(os.path.normpath(checkpoint))}:

@@ -10,6 +10,7 @@ Accelerate's (upper case, ``NO`` = no compilation) or torch's (lower case); both
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,9 +67,16 @@ class TorchDynamoPlugin:
     use_regional_compilation: bool = None  # type: ignore[assignment]  # Accelerate's default; __post_init__ makes it a bool
 
     def __post_init__(self) -> None:
-        self.backend = normalise_backend("no" if self.backend is None else self.backend)
-        self.fullgraph = bool(self.fullgraph)
-        self.use_regional_compilation = bool(self.use_regional_compilation)
+        # Fields left unset read Accelerate's ACCELERATE_DYNAMO_* variables (what `accelerate launch` exports).
+        env = {key: os.environ.get(f"ACCELERATE_DYNAMO_{key}") for key in _ENV_FIELDS}
+        self.backend = normalise_backend(self.backend if self.backend is not None else env["BACKEND"] or "no")
+        if self.mode is None and env["MODE"] not in (None, "default"):
+            self.mode = env["MODE"]
+        self.fullgraph = bool(self.fullgraph) if self.fullgraph is not None else _env_flag(env["USE_FULLGRAPH"])
+        if self.dynamic is None and env["USE_DYNAMIC"] is not None:
+            self.dynamic = _env_flag(env["USE_DYNAMIC"])
+        self.use_regional_compilation = (bool(self.use_regional_compilation) if self.use_regional_compilation
+                                         is not None else _env_flag(env["USE_REGIONAL_COMPILATION"]))
         if self.mode is not None and self.mode not in COMPILE_MODES:
             from .errors import invalid_value_error
 
@@ -87,6 +95,23 @@ class TorchDynamoPlugin:
         if self.options:
             kwargs["options"] = dict(self.options)
         return kwargs
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict (Accelerate's ``KwargsHandler.to_dict``)."""
+        return dataclasses.asdict(self)
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields whose values differ from a plugin built with no arguments and no ACCELERATE_DYNAMO_*
+        variables (Accelerate's ``KwargsHandler.to_kwargs``; ``use_regional_compilation`` is left out, as there)."""
+        saved = {key: os.environ.pop(f"ACCELERATE_DYNAMO_{key}") for key in _ENV_FIELDS
+                 if f"ACCELERATE_DYNAMO_{key}" in os.environ}
+        try:
+            default = type(self)().to_dict()
+        finally:
+            os.environ.update({f"ACCELERATE_DYNAMO_{key}": value for key, value in saved.items()})
+        changed = {key: value for key, value in self.to_dict().items() if default[key] != value}
+        changed.pop("use_regional_compilation", None)
+        return changed
 
     def to_config(self) -> dict[str, Any]:
         """The ``dynamo_config`` block of a launch YAML that describes this plugin."""
@@ -110,6 +135,13 @@ def normalise_backend(name: Any) -> str:
     if not text or text.upper() == "NO":
         return "no"
     return text.lower()
+
+
+_ENV_FIELDS = ("BACKEND", "MODE", "USE_FULLGRAPH", "USE_DYNAMIC", "USE_REGIONAL_COMPILATION")
+
+
+def _env_flag(value: str | None) -> bool:
+    return value is not None and value.strip().lower() in ("true", "yes", "1", "on", "y", "t")
 
 
 def _flag(block: Mapping[str, Any], key: str, where: str) -> bool:

@@ -230,6 +230,11 @@ def _parse_mapping(mapping: Mapping[str, Any], where: str, sources: Mapping[str,
         if option_name(raw_key) in IGNORED_KEYS:
             ignored.append(raw_key)
             continue
+        if option_name(raw_key) == "ignored_modules":  # `accelerate config` writes `fsdp_ignored_modules: null`
+            if value is not None:
+                raise ConfigError(f"{raw_key}={value!r} in {where}: give the modules to leave unsharded in the "
+                                  "script, FullyShardedDataParallelPlugin(ignored_modules=[...]).")
+            continue
         name, parsed = parse_option(raw_key, value, key_where)
         values[name] = parsed
         wheres[name] = key_where

@@ -27,6 +27,7 @@ Where trainkit differs from Accelerate (each by design, and documented in docs/p
 from __future__ import annotations
 
 import dataclasses
+import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -44,6 +45,9 @@ CP_SETTINGS = ("cp_comm_strategy",)
 SP_SETTINGS = ("sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")
 """The fields of :class:`DeepSpeedSequenceParallelConfig` (``sp_handler``)."""
 LAUNCH_PREFIX = "parallelism_config_"
+ENV_PREFIX = "PARALLELISM_CONFIG_"
+"""Fields left at None are read from ``PARALLELISM_CONFIG_<FIELD>`` (what ``accelerate launch`` exports), as in
+Accelerate; a field given in code wins."""
 REST = -1
 """A degree of -1: whatever the world size leaves once the other degrees are applied."""
 CP_COMM_STRATEGIES = ("allgather", "alltoall")
@@ -96,10 +100,10 @@ class TorchContextParallelConfig:
 
     def __post_init__(self) -> None:
         if self.cp_comm_strategy is None:
-            self.cp_comm_strategy = "allgather"
+            self.cp_comm_strategy = os.environ.get(f"{ENV_PREFIX}CP_COMM_STRATEGY", "allgather")
         if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
-            raise ConfigError(f"TorchContextParallelConfig(cp_comm_strategy={self.cp_comm_strategy!r}): valid: "
-                              f"{list(CP_COMM_STRATEGIES)}.")
+            raise ConfigError(f"TorchContextParallelConfig: Invalid cp_comm_strategy: {self.cp_comm_strategy} "
+                              f"(valid: {list(CP_COMM_STRATEGIES)}).")
 
 
 @dataclasses.dataclass
@@ -164,7 +168,8 @@ class ParallelismConfig:
         cp_handler: a :class:`TorchContextParallelConfig` (or Accelerate's); default one when ``cp_size > 1``.
         sp_handler: a :class:`DeepSpeedSequenceParallelConfig` (or Accelerate's); default one when ``sp_size > 1``.
 
-    A size left at None means 1. One degree may be ``-1``: the world size divided by the others.
+    A field left at None is read from ``PARALLELISM_CONFIG_<FIELD>`` when set (as Accelerate does), else a size
+    is 1. One degree may be ``-1``: the world size divided by the others.
     """
 
     dp_replicate_size: int | None = None
@@ -183,10 +188,10 @@ class ParallelismConfig:
 
     def __post_init__(self) -> None:
         for name in DEGREE_FIELDS:
-            value = getattr(self, name)
+            value = _from_environment(name, getattr(self, name))
             setattr(self, name, 1 if value is None else _degree(name, value))
-        self.cp_backend = self.cp_backend or "torch"
-        self.sp_backend = self.sp_backend or "deepspeed"
+        self.cp_backend = _from_environment("cp_backend", self.cp_backend) or "torch"
+        self.sp_backend = _from_environment("sp_backend", self.sp_backend) or "deepspeed"
         if self.cp_backend != "torch":
             raise ConfigError(f"ParallelismConfig(cp_backend={self.cp_backend!r}): valid: ['torch'].")
         if self.sp_backend != "deepspeed":
@@ -280,6 +285,12 @@ class ParallelismConfig:
         value = getattr(self, name)
         return 1 if value == REST else int(value)
 
+    def _get_mesh(self) -> tuple[tuple[Any, ...], ...]:
+        """``(dimension names, sizes)`` of the enabled dimensions in mesh order (``()`` when none is), the
+        arguments of torch's ``init_device_mesh`` (Accelerate's helper, kept for code that calls it)."""
+        enabled = [(name, self._size(f"{name}_size")) for name in MESH_ORDER if self._size(f"{name}_size") > 1]
+        return tuple(zip(*enabled))
+
     def resolved(self, world_size: int) -> ParallelismConfig:
         """A copy whose degrees multiply to ``world_size``: a -1 is filled in; all degrees 1 on more than one
         process means pure data parallelism (``dp_replicate_size = world``), as in Accelerate."""
@@ -369,6 +380,11 @@ def _handler(handler: Any, ours: type, settings: tuple[str, ...], on: bool, dime
         raise ConfigError(f"ParallelismConfig({dimension}_handler={type(handler).__name__}): expected a "
                           f"{ours.__name__} (fields {list(settings)}).")
     return ours(**{name: getattr(handler, name) for name in settings})
+
+
+def _from_environment(name: str, value: Any) -> Any:
+    """``value``, or when it is None the ``PARALLELISM_CONFIG_<NAME>`` variable (None when unset)."""
+    return os.environ.get(ENV_PREFIX + name.upper()) if value is None else value
 
 
 def _flag(name: str, value: Any) -> bool:

@@ -50,9 +50,11 @@ from trainkit.engine.data.sampling import shared_data_seed
 from trainkit.engine.process.control import only_when
 from trainkit.engine.process.splitting import split_between
 from trainkit.engine.process.state import ProcessState, require_accelerator_state
+from trainkit.engine.process.state_views import AcceleratorState
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
 from trainkit.engine.api.trackers import TrackerAPI
-from trainkit.engine.tracking import GeneralTracker, resolve_log_with
+from trainkit.engine.api.checkpoints import CheckpointAPI
+from trainkit.engine.tracking import GeneralTracker, check_logging_directory, resolve_log_with
 from trainkit.engine.step.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
     AutocastKwargs,
@@ -69,7 +71,7 @@ from trainkit.utils.dataclasses import (
 logger = logging.getLogger(__name__)
 
 
-class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
+class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttributes):
     """Train one model-and-loop on one CPU, one GPU, many processes (DDP) or sharded (FSDP2).
 
     Arguments follow Hugging Face Accelerate's; an argument left at None is "not set" and takes the value
@@ -146,9 +148,11 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
             precision_options=self._compat.precision_options)
         self.config = config
         """The resolved settings and where each came from (see :class:`trainkit.config.engine.EngineConfig`)."""
-        self.state = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
-                                      timeout=timedelta(seconds=config.collective_timeout))
-        self.state.attach_accelerator(self)
+        process = ProcessState.get(cpu=config.use_cpu, backend=pg_kwargs.backend,
+                                   timeout=timedelta(seconds=config.collective_timeout))
+        process.attach_accelerator(self)
+        self.state = AcceleratorState(_from_accelerator=True)
+        """Accelerate's ``AcceleratorState`` (a view of the process state; see ``state_views``)."""
         self.device_placement = device_placement
         announce(config, is_main_process=self.state.is_main_process, device=self.state.device)
 
@@ -156,7 +160,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         self.deepspeed = config.deepspeed
         """The translated DeepSpeed config, when the run has one (its ZeRO stage runs on DDP/FSDP2)."""
         self.deepspeed_plugin = deepspeed_plugin
-        self.state.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
+        process.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
         if self.deepspeed is not None and self.deepspeed.scaler_kwargs and scaler_kwargs is None:
             scaler_kwargs = self.deepspeed.scaler_kwargs
         self.gradient_state = GradientState(config.gradient_accumulation_steps)
@@ -170,9 +174,9 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
-        announce_dataloader_options(self.dataloader_config, self.project_configuration)
+        announce_dataloader_options(self.dataloader_config)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.log_with = resolve_log_with(log_with)
+        self.log_with = check_logging_directory(resolve_log_with(log_with), self.logging_dir)
         self.trackers: list[GeneralTracker] = []
 
         ddp_kwargs = handlers[DistributedDataParallelKwargs].to_kwargs() if DistributedDataParallelKwargs in handlers else {}
@@ -186,18 +190,14 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         self._schedulers: list[PreparedScheduler] = []
         self._dataloaders: list[PreparedDataLoader] = []
         self._custom_objects: list[Any] = []
-        self._loaded_from: str | None = None
-        self._checkpoint_writer: Any = None  # the background writer of ProjectConfiguration(async_save=True)
-        self.checkpoint_io: Any = None
-        """Where checkpoints are stored (a :class:`~trainkit.engine.checkpoint.storage.CheckpointIO`); None: the
-        atomic POSIX folders of :mod:`trainkit.engine.checkpoint.atomic`."""
         self._trigger = 0
         self.step = 0
         """Optimizer steps taken through ``save_state``'s automatic naming (kept for Accelerate parity)."""
 
     def _choose_strategy(self, fsdp_plugin: Any, config: EngineConfig, ddp_kwargs: dict[str, Any]) -> Strategy:
-        self.parallel_dims = parallel_dims_for(config, self.state)
-        return select_strategy(StrategyRequest(self.state, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
+        process = ProcessState.get()  # the engine's own object behind the state view
+        self.parallel_dims = parallel_dims_for(config, process)
+        return select_strategy(StrategyRequest(process, fsdp_plugin=fsdp_plugin, fsdp_options=config.fsdp,
                                                ddp_kwargs=ddp_kwargs, comm_hook=self._compat.ddp_comm_hook(),
                                                parallel_dims=self.parallel_dims))
 
@@ -256,11 +256,6 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         return PreparedObjects(models=tuple(self._models), optimizers=tuple(self._optimizers),
                                schedulers=tuple(self._schedulers), dataloaders=tuple(self._dataloaders),
                                custom_objects=tuple(self._custom_objects))
-
-    @property
-    def loaded_checkpoint(self) -> str | None:
-        """The folder ``load_state`` last loaded (automatic rotation never deletes it), else None."""
-        return self._loaded_from
 
     # -- accumulation -----------------------------------------------------------------------------
     @property
@@ -323,8 +318,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
         ``learning_rate=`` (Accelerate's LOMO path): the prepared LOMO optimizers (lomo-optim's ``Lomo``/``AdaLomo``)
         run backward themselves and update the weights at that rate as the gradients arrive."""
-        if self._checkpoint_writer is not None:  # a failed background checkpoint write stops the loop here
-            self._checkpoint_writer.raise_pending_error()
+        self._checkpoints_at_step()  # a failed background checkpoint write stops the loop here
         loss = self.gradient_state.normalise_loss(loss, self.strategy.capabilities.gradient_reduction,
                                                   self.strategy.data_parallel_size)
         learning_rate = kwargs.pop("learning_rate", None)
@@ -379,10 +373,14 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         for i, obj in enumerate(args):
             if _is_scheduler(obj) or isinstance(obj, DummyScheduler):
                 prepared[i] = self.prepare_scheduler(obj)
+        self._checkpoints_after_prepare()
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> nn.Module:
-        """Convert one model for the precision, then place and wrap it (autocast forward under mixed precision)."""
+        """Convert one model for the precision, then place and wrap it (autocast forward under mixed precision).
+        A model this Accelerator prepared already is returned as it is."""
+        if any(model is known for known in self._models):
+            return model
         model = self.precision.convert_module(model)
         if self.precision.enabled and self.strategy.wants_autocast and not hasattr(model, "_trainkit_original_forward"):
             # Instance attributes shadow the class's forward; setattr because nn.Module types attributes as tensors.
@@ -395,6 +393,9 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
         wrapped = model if sharded_by_transformers(model) else model.to(self.device) if evaluation_mode else \
             self.strategy.wrap_model(model)
         self._models.append(wrapped)
+        # Accelerate's mark (the prepared wrappers carry it as a class attribute); setattr: nn.Module types its
+        # attributes as tensors or modules.
+        setattr(wrapped, "_is_accelerate_prepared", True)
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer | DummyOptim,
@@ -477,6 +478,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     def wait_for_everyone(self) -> None:
         """Barrier across all processes."""
+        self._checkpoints_not_saving()  # a main-process-only save_state goes on without this process
         self.state.wait_for_everyone()
 
     def set_trigger(self) -> None:
@@ -556,40 +558,12 @@ class Accelerator(ProcessIdentity, TrackerAPI, AccelerateAttributes):
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include objects with ``state_dict``/``load_state_dict`` in ``save_state``/``load_state``."""
-        invalid = [obj for obj in objects if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
+        invalid = [f"Item at index {index}, `{type(obj).__name__}`" for index, obj in enumerate(objects)
+                   if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict"))]
         if invalid:
-            raise ValueError(f"Objects need state_dict() and load_state_dict() to be checkpointed: {invalid!r}")
+            raise ValueError("Objects need state_dict() and load_state_dict() to be checkpointed; these have not:\n\t- "
+                             + "\n\t- ".join(invalid))
         self._custom_objects.extend(objects)
-
-    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True,
-                   **save_model_func_kwargs: Any) -> str | None:
-        """Write models, optimizers, schedulers, dataloader positions, RNG and registered objects (always
-        safetensors and JSON: ``safe_serialization=False`` is noted and changes nothing).
-
-        With ``ProjectConfiguration(async_save=True)`` this returns once the state is staged in host memory and
-        the folder appears when the background writer has committed it (docs/checkpoints.md);
-        ``synchronous=True`` writes it before returning. None: skipped (``async_save_when_busy="skip"``)."""
-        from trainkit.engine.checkpoint import save_accelerator_state
-
-        if not safe_serialization:
-            logger.warning("save_state(safe_serialization=False): trainkit checkpoints are always safetensors + JSON.")
-        return save_accelerator_state(self, output_dir, **save_model_func_kwargs)
-
-    def load_state(self, input_dir: str | os.PathLike | None = None, load_kwargs: dict | None = None,
-                   **load_model_func_kwargs: Any) -> None:
-        """Restore everything ``save_state`` wrote (the latest complete checkpoint when no path is given).
-
-        Dataloaders get back their epoch; their position inside it only with
-        ``DataLoaderConfiguration(use_stateful_dataloader=True)`` (else call ``skip_first_batches``).
-        """
-        from trainkit.engine.checkpoint import load_accelerator_state
-
-        if load_kwargs:
-            logger.warning("load_state(load_kwargs=%s): trainkit loads no pickles, so there is no torch.load to "
-                           "pass them to; they change nothing.", sorted(load_kwargs))
-        loaded = load_accelerator_state(self, input_dir, **load_model_func_kwargs)
-        if loaded is not None:
-            self._loaded_from = loaded
 
     def free_memory(self, *objects: Any) -> list[None]:
         """Forget prepared objects and release cached device memory."""

@@ -55,6 +55,7 @@ def check_transformers_fields(args: Any) -> None:
     _check_data_loading(args)
     _check_evaluation(args)
     check_async_save_when_busy(args.async_save_when_busy, where=WHERE)
+    _check_checkpoint_dir(args)
     _check_precision_device(args)
     _apply_tf32(args.tf32, args.use_cpu)
     args.accelerator_config = _load_accelerator_config(args.accelerator_config)
@@ -197,6 +198,20 @@ def parse_number_or_bool(text: str) -> Any:
         except ValueError:
             pass
     return None
+
+
+def _check_checkpoint_dir(args: Any) -> None:
+    """``checkpoint_dir``: a folder or a URL of a storage trainkit can write (an unknown scheme fails now, by name)."""
+    if args.checkpoint_dir is None:
+        return
+    from trainkit.engine.checkpoint import check_location
+
+    args.checkpoint_dir = str(args.checkpoint_dir)
+    check_location(args.checkpoint_dir, where=f"checkpoint_dir in {WHERE}")
+    if "://" in args.checkpoint_dir and args.push_to_hub and args.hub_strategy != "end":
+        raise ConfigError(f"checkpoint_dir={args.checkpoint_dir!r} with push_to_hub and hub_strategy="
+                          f"{args.hub_strategy!r} in {WHERE}: checkpoints are uploaded to the Hub from a local folder; "
+                          "use hub_strategy='end' or a local checkpoint_dir.")
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -11,7 +11,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
 from trainkit.config.fsdp import SHARDING_STRATEGIES
@@ -19,6 +19,7 @@ from trainkit.config.ignored_field import reset_ignored_field
 from trainkit.engine.tracking import tracker_names
 from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
 from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
+from trainkit.trainer.argument_setters import ArgumentSetters
 from trainkit.trainer.optim import check_optimizer_name, optimizer_names
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,11 @@ def _scheduler_names() -> list[str]:
 
 
 @dataclass
-class TrainingArguments(ProcessAttributes):
+class TrainingArguments(ProcessAttributes, ArgumentSetters):
     """The Trainer's arguments: transformers 5.x field names, defaults and meanings (see docs/trainer.md)."""
+
+    default_optim: ClassVar[str] = "adamw_torch_fused"
+    """The ``optim`` transformers uses by default (a class constant, as in transformers)."""
 
     # --- output ---
     output_dir: str | None = field(default=None, metadata={"help": "Where checkpoints, logs and the final model go (default 'trainer_output')."})
@@ -145,6 +149,7 @@ class TrainingArguments(ProcessAttributes):
     save_on_each_node: bool = field(default=False, metadata={"help": "With several machines: each machine writes its own checkpoints."})
     async_save: bool = field(default=False, metadata={"help": "trainkit: checkpoints are copied to host memory and written, checksummed and committed by a background thread while training goes on (docs/checkpoints.md)."})
     async_save_when_busy: str = field(default="wait", metadata={"help": "trainkit, with async_save: a save that finds the previous one still being written waits for it ('wait': no checkpoint is lost) or is skipped with a warning ('skip': training first)."})
+    checkpoint_dir: str | None = field(default=None, metadata={"help": "trainkit: where the checkpoint-N folders go (default: output_dir): a folder, or an object-store URL such as s3://bucket/run, gs://..., az://... (written through fsspec, committed by a manifest); resume_from_checkpoint=True and save_total_limit look there (docs/checkpoints.md)."})
     load_best_model_at_end: bool = field(default=False, metadata={"help": "Load the best checkpoint when training ends (needs matching eval and save strategies)."})
     metric_for_best_model: str | None = field(default=None, metadata={"help": "Metric that decides the best checkpoint (default 'loss' when needed)."})
     greater_is_better: bool | None = field(default=None, metadata={"help": "Whether a larger metric is better (default: unless the name ends in 'loss')."})
@@ -386,6 +391,11 @@ class TrainingArguments(ProcessAttributes):
     def fsdp_options(self):
         """The resolved :class:`trainkit.config.fsdp.FSDPOptions`, or None when FSDP is off."""
         return self._fsdp_options
+
+    @property
+    def place_model_on_device(self) -> bool:
+        """Whether the Trainer puts the model on the device itself: always (the engine places it in ``prepare``)."""
+        return True
 
     @property
     def mixed_precision(self) -> str:

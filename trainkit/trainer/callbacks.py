@@ -8,11 +8,11 @@ logging, evaluation, saving or stopping through :class:`TrainerControl`. :class:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import math
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -41,11 +41,6 @@ EVENTS = (
     "on_push_begin",
 )
 
-EVENT_PAYLOADS = {"on_evaluate": "metrics", "on_predict": "metrics", "on_log": "logs"}
-"""The events whose handler method takes one more positional argument after ``control``, as transformers'
-``CallbackHandler.on_evaluate(args, state, control, metrics)`` does (subclassed Trainers call it that way)."""
-
-
 DEFAULT_TRACKER_RUN = "logs"
 """The trackers' folder under output_dir (metrics.jsonl, TensorBoard files) when TrainingArguments.run_name is None."""
 
@@ -71,7 +66,7 @@ class TrainerState:
     """Input tokens over all processes (when ``include_num_input_tokens_seen`` is on)."""
     total_flos: float = 0.0
     """Estimated floating-point operations so far (6 x parameters x tokens; 0 when the input is not tokens)."""
-    log_history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    log_history: list[dict[str, float]] = None  # type: ignore[assignment]  # None -> [] (transformers' default)
     """Every dict passed to ``Trainer.log``, with epoch and step."""
     best_metric: float | None = None
     best_global_step: int | None = None
@@ -81,8 +76,18 @@ class TrainerState:
     is_hyper_param_search: bool = False
     trial_name: str | None = None
     trial_params: dict[str, Any] | None = None
-    stateful_callbacks: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Saved state of callbacks that define ``state()`` (e.g. early stopping's patience counter)."""
+    stateful_callbacks: dict[str, Any] = None  # type: ignore[assignment]  # a list of ExportableState -> their states
+    """The states of the :class:`ExportableState` callbacks and of the :class:`TrainerControl` by class name (a list
+    for several of one class), as transformers stores them: ``{"args": ..., "attributes": ...}`` each. Given a list
+    of such objects, the state is built from them."""
+
+    def __post_init__(self) -> None:
+        if self.log_history is None:
+            self.log_history = []
+        if self.stateful_callbacks is None:
+            self.stateful_callbacks = {}
+        elif not isinstance(self.stateful_callbacks, dict):
+            self.stateful_callbacks = exported_states(self.stateful_callbacks)
 
     def save_to_json(self, json_path: str) -> None:
         """Write the state as indented JSON."""
@@ -101,6 +106,20 @@ class TrainerState:
             logger.info("trainer_state.json: ignoring keys %s", ignored)
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    def init_training_references(self, trainer: Any, max_steps: int, num_train_epochs: int, trial: Any) -> None:
+        """Record the run's plan, the process's role and the hyperparameter-search trial (name and parameters)."""
+        hp_name, current_trial = getattr(trainer, "hp_name", None), getattr(trainer, "_trial", None)
+        if hp_name is not None and current_trial is not None:
+            self.trial_name = hp_name(current_trial)
+        self.trial_params = None
+        if trial is not None:
+            from transformers.integrations import hp_params
+
+            self.trial_params = hp_params(trial)
+        self.max_steps, self.num_train_epochs = max_steps, num_train_epochs
+        self.is_local_process_zero = trainer.is_local_process_zero()
+        self.is_world_process_zero = trainer.is_world_process_zero()
+
     def compute_steps(self, args: TrainingArguments, max_steps: int) -> None:
         """Resolve logging/eval/save step intervals; a value below 1 is a ratio of ``max_steps``."""
         for kind in ("logging", "eval", "save"):
@@ -111,9 +130,53 @@ class TrainerState:
             setattr(self, f"{kind}_steps", max(steps, 1))
 
 
+class ExportableState:
+    """An object whose state a checkpoint stores in ``TrainerState.stateful_callbacks`` and a resume restores
+    (with ``restore_callback_states_from_checkpoint=True``): ``state()`` returns ``{"args": constructor
+    keywords, "attributes": other attributes}``, :meth:`from_state` rebuilds the object from it."""
+
+    def state(self) -> dict[str, Any]:
+        """``{"args": ..., "attributes": ...}``, JSON-serialisable."""
+        raise NotImplementedError(f"{type(self).__name__} is an ExportableState: it must define state().")
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Any:
+        """A new instance built with ``state["args"]``, then given ``state["attributes"]``."""
+        instance = cls(**state["args"])
+        for name, value in state["attributes"].items():
+            setattr(instance, name, value)
+        return instance
+
+
+def is_exportable(obj: Any) -> bool:
+    """Whether ``obj`` is an :class:`ExportableState`: trainkit's, or transformers' own (a callback written for
+    transformers.Trainer keeps its state under trainkit's). transformers' class is looked up only where it is
+    already imported: an object of it cannot exist otherwise."""
+    if isinstance(obj, ExportableState):
+        return True
+    upstream = sys.modules.get("transformers.trainer_callback")
+    return upstream is not None and isinstance(obj, getattr(upstream, "ExportableState", ()))
+
+
+def exported_states(objects: Any) -> dict[str, Any]:
+    """``TrainerState.stateful_callbacks`` of ``objects``: each one's ``state()`` under its class name, a list of
+    them when a class occurs more than once (transformers' JSON shape)."""
+    states: dict[str, Any] = {}
+    for obj in objects:
+        if not is_exportable(obj):
+            raise TypeError(f"stateful_callbacks holds ExportableState objects, not {type(obj).__name__}.")
+        name = type(obj).__name__
+        if name in states:
+            previous = states[name]
+            states[name] = (previous if isinstance(previous, list) else [previous]) + [obj.state()]
+        else:
+            states[name] = obj.state()
+    return states
+
+
 @dataclasses.dataclass
-class TrainerControl:
-    """Requests that callbacks set and the loop honours (and then clears)."""
+class TrainerControl(ExportableState):
+    """Requests that callbacks set and the loop honours (and then clears); stored with each checkpoint."""
 
     should_training_stop: bool = False
     should_epoch_stop: bool = False
@@ -277,23 +340,65 @@ class CallbackHandler:
                 control = result
         return control
 
-    def __getattr__(self, name: str):
-        # handler.on_step_end(args, state, control, ...) reads like the callbacks themselves.
-        if name in EVENTS:
-            return functools.partial(self._call_positional, name)
-        raise AttributeError(name)
+    # One method per event, as transformers' handler has them; some clear the flag their event answers.
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_init_end", args, state, control, **kwargs)
 
-    def _call_positional(self, event: str, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                         *payload: Any, **kwargs: Any) -> TrainerControl:
-        """``call_event`` for ``handler.on_evaluate(args, state, control, metrics)`` and the other event methods."""
-        if payload:
-            name = EVENT_PAYLOADS.get(event)
-            if name is None or len(payload) > 1 or name in kwargs:
-                takes = f"args, state, control, {name}" if name else "args, state, control"
-                raise TypeError(f"CallbackHandler.{event}() takes ({takes}) positionally and the rest by keyword; "
-                                f"got {3 + len(payload)} positional arguments")
-            kwargs[name] = payload[0]
-        return self.call_event(event, args, state, control, **kwargs)
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        control.should_training_stop = False
+        return self.call_event("on_train_begin", args, state, control, **kwargs)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_train_end", args, state, control, **kwargs)
+
+    def on_epoch_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        control.should_epoch_stop = False
+        return self.call_event("on_epoch_begin", args, state, control, **kwargs)
+
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_epoch_end", args, state, control, **kwargs)
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        control.should_log = control.should_evaluate = control.should_save = False
+        return self.call_event("on_step_begin", args, state, control, **kwargs)
+
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_pre_optimizer_step", args, state, control, **kwargs)
+
+    def on_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_optimizer_step", args, state, control, **kwargs)
+
+    def on_substep_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_substep_end", args, state, control, **kwargs)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_step_end", args, state, control, **kwargs)
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: Any,
+                    **kwargs: Any) -> TrainerControl:
+        control.should_evaluate = False
+        return self.call_event("on_evaluate", args, state, control, metrics=metrics, **kwargs)
+
+    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: Any,
+                   **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_predict", args, state, control, metrics=metrics, **kwargs)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        control.should_save = False
+        return self.call_event("on_save", args, state, control, **kwargs)
+
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, logs: Any,
+               **kwargs: Any) -> TrainerControl:
+        control.should_log = False
+        return self.call_event("on_log", args, state, control, logs=logs, **kwargs)
+
+    def on_prediction_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                           **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_prediction_step", args, state, control, **kwargs)
+
+    def on_push_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> TrainerControl:
+        return self.call_event("on_push_begin", args, state, control, **kwargs)
 
 
 class DefaultFlowCallback(TrainerCallback):
@@ -334,9 +439,11 @@ class DefaultFlowCallback(TrainerCallback):
 class ProgressCallback(TrainerCallback):
     """A tqdm bar for training and one for each evaluation, on the main process only."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_str_len: int = 100) -> None:
         self.training_bar: Any = None  # a tqdm bar while training (tqdm is imported on first use)
         self.prediction_bar: Any = None
+        self.max_str_len = max_str_len
+        """Logged strings longer than this are shown as a note of their length."""
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
@@ -373,15 +480,20 @@ class ProgressCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         self._close_prediction_bar()
 
-    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                   metrics=None, **kwargs: Any) -> None:
+    def on_predict(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,  # type: ignore[override]  # transformers' signature
+                   **kwargs: Any) -> None:  # (metrics arrives in kwargs)
         self._close_prediction_bar()
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                logs=None, **kwargs: Any) -> None:
         if self.training_bar is not None and logs:
-            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in logs.items() if k != "total_flos"}
+            shown = {k: self._shown(v) for k, v in logs.items() if k != "total_flos"}
             self.training_bar.write(str(shown))
+
+    def _shown(self, value: Any) -> Any:
+        if isinstance(value, str) and len(value) > self.max_str_len:
+            return f"[a string of {len(value)} characters, over max_str_len={self.max_str_len}]"
+        return f"{value:.4g}" if isinstance(value, float) else value
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
@@ -456,7 +568,7 @@ def add_to_next_tracker_log(handler: CallbackHandler, values: dict[str, float]) 
         self.started = False
 
 
-class EarlyStoppingCallback(TrainerCallback):
+class EarlyStoppingCallback(TrainerCallback, ExportableState):
     """Stops training when ``metric_for_best_model`` has not improved for ``early_stopping_patience`` evaluations.
 
     An improvement must beat the best value by more than ``early_stopping_threshold``.
@@ -487,8 +599,8 @@ class EarlyStoppingCallback(TrainerCallback):
         )
         self.early_stopping_patience_counter = 0 if improved else self.early_stopping_patience_counter + 1
 
-    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    metrics=None, **kwargs: Any) -> None:
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,  # type: ignore[override]  # transformers' signature
+                    metrics: dict[str, float], **kwargs: Any) -> None:
         name = args.metric_for_best_model
         if name is None:  # refused at on_train_begin; an evaluate() outside training has nothing to stop
             return

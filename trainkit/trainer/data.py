@@ -1,7 +1,8 @@
-"""Between a dataset and the model: column pruning, default collators, calling the model, counting loss items.
+"""Between a dataset and the model: label names, dropping unused keys, default collators, calling the model,
+counting loss items.
 
-The Trainer builds plain torch DataLoaders here and hands them to the engine, which shards them across
-processes. Batches may be dicts (transformers style) or tuples/lists (plain nn.Module style).
+Batches may be dicts (transformers style) or tuples/lists (plain nn.Module style); the DataLoaders themselves
+are built in :mod:`.loaders`.
 """
 
 from __future__ import annotations
@@ -35,34 +36,9 @@ def default_label_names(model: nn.Module) -> list[str]:
     return names or ["labels"]
 
 
-def accepted_columns(model: nn.Module, label_names: list[str]) -> set[str]:
-    """Column names the model's forward takes, with its labels (and the aliases collators rename)."""
-    return set(forward_parameter_names(model)) | set(label_names) | set(LABEL_COLUMN_ALIASES)
-
-
-def remove_unused_columns(dataset: Any, model: nn.Module, label_names: list[str], description: str) -> Any:
-    """Drop the columns of a ``datasets.Dataset`` that the model's forward does not take (other datasets pass).
-
-    A stream whose columns are unknown until read (``column_names is None``, e.g. after ``map``) passes
-    unchanged: :class:`UnusedColumnsDropper` drops its columns example by example instead.
-    """
-    if not hasattr(dataset, "column_names") or not hasattr(dataset, "remove_columns") or dataset.column_names is None:
-        return dataset
-    accepted = accepted_columns(model, label_names)
-    unused = [c for c in dataset.column_names if c not in accepted]
-    if unused:
-        logger.info("%s: dropping columns not taken by %s.forward: %s", description, type(model).__name__, unused)
-        dataset = dataset.remove_columns(unused)
-    if not dataset.column_names:
-        raise ValueError(
-            f"{description}: no column is left after dropping those {type(model).__name__}.forward does not take "
-            f"(dropped {unused}). Rename your columns to the forward's argument names or pass remove_unused_columns=False."
-        )
-    return dataset
-
-
 class UnusedColumnsDropper:
-    """A collator that first drops the keys of dict examples the model does not take (for streams of unknown columns)."""
+    """A collator that first drops the keys of dict examples the model does not take (datasets whose columns are
+    not known up front: torch datasets of dicts, streams)."""
 
     def __init__(self, collate_fn: Any, accepted: set[str], description: str) -> None:
         self.collate_fn = collate_fn
@@ -79,17 +55,6 @@ class UnusedColumnsDropper:
                     "remove_unused_columns=False.")
             features = kept
         return self.collate_fn(features)
-
-
-def collator_dropping_unknown_columns(collate_fn: Any, dataset: Any, accepted: set[str] | bool,
-                                      description: str) -> Any:
-    """``collate_fn``, behind an :class:`UnusedColumnsDropper` for a stream whose columns are unknown until read.
-
-    ``accepted``: the columns to keep, or False when ``remove_unused_columns`` is off.
-    """
-    if isinstance(accepted, set) and accepted and getattr(dataset, "column_names", False) is None:
-        return UnusedColumnsDropper(collate_fn, accepted, description)
-    return collate_fn
 
 
 def default_collator(processing_class: Any):
@@ -201,31 +166,3 @@ def tokens_in(inputs: Any, main_input_name: str, non_padding: bool) -> int | tor
     main = inputs.get(main_input_name)
     return main.numel() if isinstance(main, torch.Tensor) else 0
 
-
-def unprepared_loader(trainer: Any, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool, sampler: Any,
-                      description: str) -> torch.utils.data.DataLoader:
-    """The Trainer's DataLoader for ``dataset`` before the engine prepares it: ``sampler`` (default: shuffled or in
-    order), the collator (dropping unknown columns of a stream), the ``dataloader_*`` fields; a shuffled map-style
-    loader's workers seeded with transformers' ``seed_worker`` (from the pass's base seed and the rank)."""
-    from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
-
-    args = trainer.args
-    iterable = isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__")
-    if sampler is None and not iterable:
-        sampler = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
-    workers = args.dataloader_num_workers
-    worker_init_fn = None
-    if shuffle and not iterable:
-        from transformers.trainer_utils import seed_worker
-
-        worker_init_fn = functools.partial(seed_worker, num_workers=workers, rank=args.process_index)
-    wanted = args.remove_unused_columns and accepted_columns(trainer.model, trainer.label_names)
-    collate_fn = collator_dropping_unknown_columns(trainer.data_collator, dataset, wanted, description)
-    return DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, drop_last=drop_last,
-        num_workers=workers, pin_memory=args.dataloader_pin_memory and torch.cuda.is_available(),
-        persistent_workers=args.dataloader_persistent_workers if workers else False,
-        prefetch_factor=args.dataloader_prefetch_factor if workers else None,
-        multiprocessing_context=args.dataloader_multiprocessing_context, in_order=args.dataloader_in_order,
-        worker_init_fn=worker_init_fn,
-    )

@@ -13,7 +13,7 @@ each with where it came from. ``TrainingArguments`` stay what the script wrote, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, parse_parallelism, resolve_engine_config
@@ -24,9 +24,6 @@ from trainkit.engine.api.configuration import deepspeed_plugin_settings, dynamo_
 from trainkit.engine.parallel.pretrained import transformers_layout
 
 from .arguments import FSDP_SHARDING_WORDS, TrainingArguments
-
-if TYPE_CHECKING:
-    from trainkit.engine.accelerator import Accelerator
 
 SOURCE = "TrainingArguments"
 
@@ -81,27 +78,29 @@ def resolve_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None, m
     return resolve_engine_config(training_arguments_settings(args, deepspeed_plugin, model))
 
 
-def accelerator_for_trainer(args: TrainingArguments, deepspeed_plugin: Any = None, model: Any = None) -> Accelerator:
-    """The Trainer's engine, configured from ``args`` (the engine itself never sees TrainingArguments).
+def accelerator_arguments(args: TrainingArguments, deepspeed_plugin: Any = None, model: Any = None) -> dict[str, Any]:
+    """The ``Accelerator(...)`` keywords of the Trainer's engine, configured from ``args`` (the engine itself never
+    sees TrainingArguments): the resolved ``engine_config``, DDP and process-group keywords, the DataLoader
+    configuration, trackers and the checkpoint project.
 
-    ``accelerator.config`` holds the resolved settings; the Trainer's loop opens each accumulation window itself
-    (``open_accumulation_window``) with ``config.gradient_accumulation_steps`` micro-batches, so the engine's
-    implicit windows (``accelerator.gradient_accumulation_steps``) stay one micro-batch long, as in transformers.
+    ``accelerator.config`` then holds the resolved settings; the Trainer's loop opens each accumulation window
+    itself (``open_accumulation_window``) with ``config.gradient_accumulation_steps`` micro-batches, so the
+    engine's implicit windows (``accelerator.gradient_accumulation_steps``) stay one micro-batch long, as in
+    transformers.
     """
-    from trainkit.engine.accelerator import Accelerator
     from trainkit.utils.dataclasses import ProjectConfiguration
 
     from .wiring import engine_options
 
-    accelerator = Accelerator(
-        engine_config=resolve_for_trainer(args, deepspeed_plugin, model),
+    return {
+        "engine_config": resolve_for_trainer(args, deepspeed_plugin, model),
         **engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
-        log_with=(args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
-        project_dir=args.output_dir,
-        project_config=ProjectConfiguration(async_save=args.async_save, async_save_when_busy=args.async_save_when_busy),
-    )
-    accelerator.gradient_accumulation_steps = 1
-    return accelerator
+        "log_with": (args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
+        "project_dir": args.output_dir,
+        "project_config": ProjectConfiguration(async_save=args.async_save,
+                                               async_save_when_busy=args.async_save_when_busy,
+                                               save_on_each_node=args.save_on_each_node),
+    }
 
 
-__all__ = ["accelerator_for_trainer", "resolve_for_trainer", "training_arguments_settings"]
+__all__ = ["accelerator_arguments", "resolve_for_trainer", "training_arguments_settings"]

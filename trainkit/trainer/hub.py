@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -19,8 +20,10 @@ class HubUploadError(RuntimeError):
 class HubUploader:
     """Knows the target repository and uploads folders to it (main process only)."""
 
-    def __init__(self, args) -> None:
+    def __init__(self, args, token: str | None = None, private: bool | None = None) -> None:
         self.args = args
+        self.token = token if token is not None else args.hub_token
+        self.private = private if private is not None else args.hub_private_repo
         self.repo_id = args.hub_model_id or os.path.basename(os.path.normpath(args.output_dir))
         self.url = self._create_repo()
 
@@ -31,9 +34,9 @@ class HubUploader:
             raise HubUploadError("push_to_hub=True needs the huggingface_hub package.") from error
         if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
             raise HubUploadError("push_to_hub=True but HF_HUB_OFFLINE is set: unset it or pass push_to_hub=False.")
-        api = HfApi(token=self.args.hub_token)
+        api = HfApi(token=self.token)
         try:
-            return str(api.create_repo(self.repo_id, private=self.args.hub_private_repo, exist_ok=True))
+            return str(api.create_repo(self.repo_id, private=self.private, exist_ok=True))
         except Exception as error:  # any failure here (DNS, HTTP, auth) means no upload would work later
             raise HubUploadError(
                 f"push_to_hub=True but the Hub repository {self.repo_id!r} cannot be created or reached "
@@ -42,15 +45,17 @@ class HubUploader:
             ) from error
 
     def upload(self, folder: str, message: str, path_in_repo: str | None = None,
-               ignore_patterns: list[str] | None = None) -> None:
-        """Upload ``folder`` to the repository (into ``path_in_repo`` when given), without ``ignore_patterns``."""
+               ignore_patterns: list[str] | None = None, revision: str | None = None, token: str | None = None) -> Any:
+        """Upload ``folder`` to the repository (into ``path_in_repo`` when given), without ``ignore_patterns``, to
+        ``revision`` (default: ``hub_revision``); returns the Hub's commit information."""
         from huggingface_hub import HfApi
 
-        HfApi(token=self.args.hub_token).upload_folder(
+        info = HfApi(token=token if token is not None else self.token).upload_folder(
             repo_id=self.repo_id, folder_path=folder, path_in_repo=path_in_repo, commit_message=message,
-            ignore_patterns=ignore_patterns, revision=self.args.hub_revision,
+            ignore_patterns=ignore_patterns, revision=revision if revision is not None else self.args.hub_revision,
         )
         logger.info("Uploaded %s to %s", folder, self.repo_id)
+        return info
 
 
 def write_model_card(trainer, **card_fields) -> str:

@@ -1,42 +1,57 @@
-"""The Trainer: transformers' Trainer API over trainkit's engine, with a training loop that fits on one screen.
+"""The Trainer: transformers' Trainer API over trainkit's engine, with a training loop read in one sitting.
 
-Everything a user may change is a small method (compute_loss, training_step, prediction_step, create_optimizer,
-create_scheduler, get_*_dataloader, log, evaluate). Accumulation is the engine's: the Trainer opens each window
-of micro-batches in the engine (which counts its loss items on every process and decides when gradients sync)
-and keeps only its weighting policy (trainer/loss_items.py): a loss divided by ``num_items_in_batch`` as transformers
-counts it is the window's share already, a micro-batch's own mean is weighted by its share of the window's items.
+``train()`` calls the hooks transformers' Trainer calls, in its order and with its arguments, so a subclass
+that overrides one sees it called where it expects (docs/trainer.md lists them):
+
+    train → [_load_from_checkpoint] → _inner_training_loop
+      get_train_dataloader, set_initial_training_values, _init_training_state, _prepare_for_training
+        (create_optimizer, _wrap_model, create_scheduler, [resume: the engine's state])
+      per epoch: _run_epoch
+        per optimizer step: get_batch_samples, then per micro-batch training_step
+          (_prepare_inputs, compute_loss_context_manager, compute_loss), floating_point_ops, _track_num_input_tokens;
+          _clip_grad_norm, the optimizer and schedule, _maybe_log_save_evaluate (log, _evaluate, _save_checkpoint)
+      _finalize_training (log, _load_best_model)
+
+The concepts around the loop live in mixins, one module each: DataLoaders and batches (:mod:`.loaders`), the
+run's size (:mod:`.plan`), logs and accounting (:mod:`.reporting`), evaluation (:mod:`.evaluation`), saving and
+loading (:mod:`.saving`). Accumulation is the engine's: ``get_batch_samples`` opens each window of micro-batches
+in the engine (which counts its loss items on every process and decides when gradients sync); the Trainer keeps
+only its weighting policy: each micro-batch's mean loss weighted by its share of the window's items.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
-from . import hub, hyperparameter_search as hp_search, loss_items, optim, wiring
+from trainkit.utils.enums import DistributedType
+
+from . import hyperparameter_search as hp_search, loss_items, optim, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState, add_to_next_tracker_log)
 from .checkpointing import files as checkpoints, preemption, resume
 from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
-from .data import (ItemCounter, call_model, default_collator, default_label_names, loss_from_outputs,
-                   remove_unused_columns, samples_in, split_loss, tokens_in, unprepared_loader)
-from .evaluation import EvalLoopOutput, PredictionOutput, evaluation_loop as run_evaluation_loop, speed_metrics
-from .neftune import neftune_while_training
-from .meter import (TrainingMeter, current_learning_rate, flops_parameters, log_metrics_block, throughput_logs,
-                    training_logs, write_metrics_file)
+from .data import ItemCounter, call_model, default_collator, default_label_names, loss_from_outputs
 from .deepspeed import scheduler_from_config
+from .evaluation import EvaluationMethods, speed_metrics
+from .hooks import announce_overridden_hooks
+from .loaders import DataLoaderMethods
+from .meter import TrainingMeter, flops_parameters, throughput_logs, training_logs
+from .neftune import neftune_while_training
 from .optim import build_scheduler
+from .plan import PlanMethods, length_or_none, loader_epoch, log_plan, window_sizes
+from .reporting import ReportingMethods
 from .sampling import SamplingHooks
-from .plan import TrainingPlan, length_or_none, loader_epoch, log_plan, training_plan, window_sizes
+from .saving import SavingMethods
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +64,8 @@ class TrainOutput(NamedTuple):
     metrics: dict[str, float]
 
 
-class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
+class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethods, SavingMethods,
+              hp_search.HyperparameterSearchMethods):
     """Train, evaluate and predict with a model on one or many processes (see docs/trainer.md).
 
     Args follow transformers' Trainer: ``model`` (or ``model_init``), ``args``, ``data_collator``,
@@ -74,77 +90,96 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
                  optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None,
                  preprocess_logits_for_metrics: Callable | None = None) -> None:
         self.args = args if args is not None else TrainingArguments()
-        # Datasets and functions against the strategies: fail now, before a model is built, not after an epoch.
-        check_trainer_inputs(type(self), self.args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                             compute_metrics=compute_metrics, data_collator=data_collator)
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
+        self.processing_class = processing_class
+        self.data_collator = data_collator if data_collator is not None else default_collator(processing_class)
+        self.model_init = model_init
+        self.compute_loss_func, self.compute_metrics = compute_loss_func, compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer, self.lr_scheduler = optimizers
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self._validate_args()  # datasets and functions against the strategies: before a model is built
         wiring.seed_run(self.args)  # before model_init, so its initial weights are reproducible
         self._deepspeed: Any = None  # the translated TrainingArguments(deepspeed=...), when given
         self.is_in_train = False
         self._memory_tracker = wiring.memory_tracker(self.args)
         self._memory_tracker.start()  # named by its caller (__init__, train, evaluate): transformers' stages
         self._loaded_model = model  # read by create_accelerator: a model transformers sharded sets the layout
-        self.accelerator = self.create_accelerator()
+        self.create_accelerator_and_postprocess()
         wiring.apply_log_level(self.args)
-        self.hub = None
+        self.hub: Any = None
+        self.hub_model_id: str | None = None
         if self.args.push_to_hub:
-            from .hub import HubUploader
-
-            self.hub = HubUploader(self.args)  # fails here, before any training, when the Hub is unreachable
-        self.model_init = model_init
+            self.init_hf_repo()  # fails here, before any training, when the Hub is unreachable
         if model is None:
             if model_init is None:
                 raise ValueError("Trainer needs a model or a model_init function.")
             model = self.call_model_init()
         self.model = self.model_wrapped = model
-        self._model_prepared = False
-        self.processing_class = processing_class
-        self.data_collator = data_collator if data_collator is not None else default_collator(processing_class)
-        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
-        self.compute_loss_func, self.compute_metrics = compute_loss_func, compute_metrics
-        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
-        self.optimizer, self.lr_scheduler = optimizers
-        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
-        self._train_batch_size = self.args.per_device_train_batch_size  # or what auto_find_batch_size found
+        self._model_prepared = self._optimizer_prepared = False
         self.label_names = self.args.label_names or default_label_names(model)
         self.label_smoother = wiring.label_smoother(self.args, model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
         loss_items.set_policy(self, model)  # model_accepts_loss_kwargs & co., as transformers decides them
         self._num_parameters = flops_parameters(model)
-        self._eval_dataloaders: dict[Any, DataLoader] = {}
-        self._last_grad_norm: torch.Tensor | None = None
-        self._step_learning_rate: float | None = None  # the rate the last optimizer step used (logged as transformers does)
+        self._train_batch_size = self.args.per_device_train_batch_size  # or what auto_find_batch_size found
+        self._signature_columns: list[str] | None = None
+        self._eval_dataloaders: dict[Any, Any] = {}
+        self._engine_saved_weights_to: str | None = None
         self._preemption_watch: PreemptionWatch | None = None  # while train() runs (checkpointing/preemption.py)
+        self._resume_point = resume.START
+        self.current_flos = 0.0
         self.checkpoint_manager = CheckpointManager(self)
         """Saves, resume point, rotation and the best model: every checkpoint goes through it."""
-        default_callbacks = [DefaultFlowCallback, PrinterCallback if self.args.disable_tqdm else ProgressCallback]
-        self.callback_handler = CallbackHandler(default_callbacks + list(callbacks or []), self.model,
+        self.callback_handler = CallbackHandler([DefaultFlowCallback, *(callbacks or [])], self.model,
                                                 processing_class, self.optimizer, self.lr_scheduler)
+        self.add_callback(PrinterCallback if self.args.disable_tqdm else ProgressCallback)
         self.callback_handler.engine_callbacks.append(TrackerCallback(self.accelerator))
-        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
-                                  is_world_process_zero=self.is_world_process_zero())
         self.control = TrainerControl()
+        self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
+                                  is_world_process_zero=self.is_world_process_zero(),
+                                  stateful_callbacks=self._stateful_callbacks())
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
         self._memory_tracker.stop_and_update_metrics()
 
+    def _validate_args(self) -> None:
+        """Fail now for datasets or functions that cannot serve the arguments' strategies (see construction_checks)."""
+        check_trainer_inputs(type(self), self.args, train_dataset=self.train_dataset, eval_dataset=self.eval_dataset,
+                             compute_metrics=self.compute_metrics, data_collator=self.data_collator)
+        announce_overridden_hooks(type(self))  # a transformers hook trainkit never calls: say so now
+        if self.optimizer_cls_and_kwargs is not None and self.optimizer is not None:
+            raise RuntimeError("Trainer got both optimizers=(optimizer, ...) and optimizer_cls_and_kwargs: pass one.")
+
     # ------------------------------------------------------------------ engine and process identity
 
-    def create_accelerator(self):
-        """The engine, configured from the arguments; the run's settings are then ``accelerator.config`` (the
-        arguments are never written to: see trainer/engine_settings.py)."""
-        from .engine_settings import accelerator_for_trainer
-
+    def create_accelerator_and_postprocess(self) -> None:
+        """Build the engine from the arguments (``self.accelerator``); the run's settings are then
+        ``accelerator.config`` (the arguments are never written to: see trainer/engine_settings.py)."""
         if self.args.deepspeed is not None:
             from .deepspeed import deepspeed_for_trainer
 
             self._deepspeed = deepspeed_for_trainer(self.args)
-        return accelerator_for_trainer(self.args, self._deepspeed.plugin if self._deepspeed else None,
-                                       model=getattr(self, "_loaded_model", None))
+        self.accelerator = self.create_accelerator()
+        self.gather_function = self.accelerator.gather_for_metrics
+        self.is_fsdp_enabled = self.accelerator.distributed_type == DistributedType.FSDP
+        self.is_deepspeed_enabled = self.accelerator.distributed_type == DistributedType.DEEPSPEED
 
-    @property
-    def _accumulation_steps(self) -> int:
-        """Micro-batches per optimizer step, as the engine resolved it (the arguments > the launcher > 1)."""
-        return self.accelerator.config.gradient_accumulation_steps
+    def create_accelerator(self):
+        """A new engine configured from the arguments (``_build_accelerator_args``)."""
+        from trainkit.engine.accelerator import Accelerator
+
+        accelerator = Accelerator(**self._build_accelerator_args())
+        accelerator.gradient_accumulation_steps = 1  # the Trainer opens each accumulation window itself
+        return accelerator
+
+    def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+        """The ``Accelerator(...)`` keywords the arguments decide (``kwargs`` added over them)."""
+        from .engine_settings import accelerator_arguments
+
+        deepspeed_plugin = self._deepspeed.plugin if self._deepspeed else None
+        model = getattr(self, "model", None) or getattr(self, "_loaded_model", None)  # the model to train, once known
+        return {**accelerator_arguments(self.args, deepspeed_plugin, model=model), **kwargs}
 
     def is_world_process_zero(self) -> bool:
         """True on the one process that writes logs, checkpoints' JSON and prints."""
@@ -166,50 +201,11 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
         """Remove a callback (instance or class)."""
         self.callback_handler.remove_callback(callback)
 
-    # ------------------------------------------------------------------ data
+    def end(self) -> None:
+        """Finish the trackers. Call it once at the end of a script, after everything that needs the processes."""
+        self.accelerator.end_training()
 
-    def _prepare_dataset(self, dataset: Any, description: str) -> Any:
-        if self.args.remove_unused_columns:
-            dataset = remove_unused_columns(dataset, self.model, self.label_names, description)
-        return dataset
-
-    def _dataloader(self, dataset: Any, batch_size: int, shuffle: bool, drop_last: bool, sampler: Any = None,
-                    description: str = "data") -> DataLoader:
-        loader = unprepared_loader(self, dataset, batch_size, shuffle, drop_last, sampler, description)
-        return self.accelerator.prepare(loader)
-
-    def get_train_dataloader(self) -> DataLoader:
-        """The training DataLoader, shuffled with ``data_seed`` and sharded across processes by the engine."""
-        if self.train_dataset is None:
-            raise ValueError("Trainer.train() needs a train_dataset.")
-        dataset = self._prepare_dataset(self.train_dataset, "training")
-        return self._dataloader(dataset, self._train_batch_size, True, self.args.dataloader_drop_last,
-                                sampler=self._get_train_sampler(dataset), description="training")
-
-    def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
-        """The evaluation DataLoader (in order, nothing dropped) of a dataset, of a dict eval_dataset's set by name,
-        or of the Trainer's; built afresh on each call (as transformers) unless dataloader_persistent_workers."""
-        dataset = self.eval_dataset[eval_dataset] if isinstance(eval_dataset, str) else eval_dataset
-        dataset = dataset if dataset is not None else self.eval_dataset
-        if dataset is None:
-            raise ValueError("Evaluation needs an eval_dataset (in the Trainer or as an argument).")
-        key = id(dataset)
-        if key in self._eval_dataloaders and self.args.dataloader_persistent_workers:
-            return self._eval_dataloaders[key]
-        prepared = self._prepare_dataset(dataset, "evaluation")
-        loader = self._dataloader(prepared, self.args.per_device_eval_batch_size, False, False,
-                                  sampler=self._get_eval_sampler(prepared), description="evaluation")
-        if self.args.dataloader_persistent_workers:
-            self._eval_dataloaders[key] = loader
-        return loader
-
-    def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
-        """The prediction DataLoader for ``test_dataset`` (in order, nothing dropped)."""
-        dataset = self._prepare_dataset(test_dataset, "prediction")
-        return self._dataloader(dataset, self.args.per_device_eval_batch_size, False, False,
-                                sampler=self._get_eval_sampler(dataset), description="prediction")
-
-    # ------------------------------------------------------------------ optimizer and schedule
+    # ------------------------------------------------------------------ model, optimizer and schedule
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """The optimizer ``optimizer_cls_and_kwargs``, a DeepSpeed config or ``args.optim`` names, over ``model``
@@ -239,36 +235,35 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
             optimizer = optimizer or self.optimizer
             self.lr_scheduler = (scheduler_from_config(self._deepspeed, optimizer, self.args, num_training_steps)
                                  or build_scheduler(optimizer, self.args, num_training_steps))
+            self._scheduled_steps = num_training_steps
         return self.lr_scheduler
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         """Both of the above (the order transformers uses)."""
         self.create_optimizer()
-        self.create_scheduler(num_training_steps, self.optimizer)
+        self.create_scheduler(num_training_steps=num_training_steps, optimizer=self.optimizer)
 
-    def _prepare_model(self) -> None:
+    def _wrap_model(self, model: nn.Module, training: bool = True, dataloader: Any = None) -> nn.Module:
+        """The module to train or evaluate: ``model`` itself (the engine wraps it for the strategy in ``prepare``).
+        A subclass may return a wrapper of its own; the engine prepares whatever this returns."""
+        return model
+
+    def _prepare_model(self, model: nn.Module | None = None) -> None:
+        """Have the engine prepare ``model`` (default: the Trainer's) once: the model features the arguments ask
+        for, the strategy's wrapper, compilation."""
         if self._model_prepared:
             return
-        wiring.prepare_model_features(self, self.model)
-        wrapped = self.accelerator.prepare(self.model)  # compiles in place when torch_compile is set
+        model = self.model if model is None else model
+        wiring.prepare_model_features(self, model)
+        wrapped = self.accelerator.prepare(model)  # compiles in place when torch_compile is set
         self.model_wrapped = wrapped
         self.model = self.accelerator.unwrap_model(wrapped)
         self.callback_handler.model = self.model
         self._model_prepared = True
 
-    def _setup_training(self, max_steps: int) -> None:
-        # Model first: under FSDP the optimizer must be built over the sharded parameters.
-        self._prepare_model()
-        if getattr(self, "_optimizer_prepared", False):
-            wiring.replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
-            return
-        self._scheduler_built = self.lr_scheduler is None
-        self.create_optimizer_and_scheduler(max_steps)
-        self.optimizer = self.accelerator.prepare(self.optimizer)
-        # The schedule counts optimizer steps itself (stepped by the loop), so it is checkpointed, not prepared.
-        self.accelerator.register_for_checkpointing(self.lr_scheduler)
-        self.callback_handler.optimizer, self.callback_handler.lr_scheduler = self.optimizer, self.lr_scheduler
-        self._optimizer_prepared = True
+    def _loads_weights_after_wrapping(self) -> bool:
+        """Sharded strategies load checkpoint weights into the prepared model; others before it (transformers' rule)."""
+        return self.is_fsdp_enabled or self.is_deepspeed_enabled
 
     # ------------------------------------------------------------------ training
 
@@ -277,105 +272,181 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
         """Train for ``max_steps`` or ``num_train_epochs``; resume from a checkpoint folder, or the latest with True
         (and, after a torchelastic restart, from the latest by itself unless told False)."""
         hp_search.start_trial(self, trial)  # a trial's fresh model, arguments and engine (hyperparameter_search)
-        resume_from_checkpoint = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
-        wiring.batch_size_to_resume(self, resume_from_checkpoint)
-        run = functools.partial(self._train_once, resume_from_checkpoint, ignore_keys_for_eval)
-        self.is_in_train = True
         self._memory_tracker.start()
+        self.is_in_train = True
         try:
+            folder = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
+            if folder is not None and not self._loads_weights_after_wrapping():
+                self._load_from_checkpoint(folder)
+            wiring.batch_size_to_resume(self, folder)  # the batch size the checkpointed run found to fit
+            run = functools.partial(self._inner_training_loop, args=self.args, resume_from_checkpoint=folder,
+                                    trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
             with neftune_while_training(self.model, self.args.neftune_noise_alpha):
-                output = wiring.train_with_batch_size_search(self, run) if self.args.auto_find_batch_size else run()
-            self._memory_tracker.stop_and_update_metrics(output.metrics)
-            return output
+                if self.args.auto_find_batch_size:
+                    return wiring.train_with_batch_size_search(self, run, self._train_batch_size)
+                return run(batch_size=self._train_batch_size)
         finally:
             self.is_in_train = False
 
-    def _train_once(self, resume_from_checkpoint: str | None, ignore_keys_for_eval: list[str] | None) -> TrainOutput:
+    def _update_auto_batch_size(self, batch_size: int) -> None:
+        """Train with ``batch_size`` per process (``auto_find_batch_size`` halves it after an out-of-memory error)."""
+        self._train_batch_size = batch_size
+
+    def _inner_training_loop(self, batch_size: int | None = None, args: TrainingArguments | None = None,
+                             resume_from_checkpoint: str | None = None, trial: Any = None,
+                             ignore_keys_for_eval: list[str] | None = None) -> TrainOutput:
+        """The run: plan it, set up the model, optimizer and schedule (and the resumed state), then the epochs."""
+        args = self.args if args is None else args
+        if args.auto_find_batch_size and batch_size is not None:
+            self._update_auto_batch_size(batch_size)
         train_dataloader = self.get_train_dataloader()
         if resume_from_checkpoint:  # another world size: the same global batch, before the run's length is planned
             resume.keep_global_batch_on_resume(self, resume_from_checkpoint, train_dataloader)
-        plan = training_plan(train_dataloader, self._accumulation_steps,
-                             self.args.max_steps, self.args.num_train_epochs)
-        self._setup_training(plan.max_steps)
-        log_plan(self, plan, train_dataloader)
-        self.state = TrainerState(max_steps=plan.max_steps, num_train_epochs=plan.num_epochs,
-                                  train_batch_size=self._train_batch_size,
-                                  is_local_process_zero=self.is_local_process_zero(),
-                                  is_world_process_zero=self.is_world_process_zero())
-        self.state.compute_steps(self.args, plan.max_steps)
-        hp_search.describe_trial(self)
-        start_at = self._resume(resume_from_checkpoint, train_dataloader, plan) if resume_from_checkpoint else resume.START
-        with preemption.watching(self):  # SIGTERM & co.: every rank saves one checkpoint, exits 75
-            return self._training_loop(train_dataloader, plan, start_at, ignore_keys_for_eval)
-
-    def _training_loop(self, train_dataloader, plan: TrainingPlan, start_at: resume.ResumePoint, ignore_keys_for_eval) -> TrainOutput:
-        args, state, handler, model = self.args, self.state, self.callback_handler, self.model_wrapped
-        handler.train_dataloader = train_dataloader
+        values = self.set_initial_training_values(args, train_dataloader)
+        (num_train_epochs, num_update_steps_per_epoch, _, num_train_samples, _, steps_in_epoch, max_steps) = values
+        sized = length_or_none(train_dataloader) is not None
+        self._update_steps_per_epoch = num_update_steps_per_epoch if sized else None  # where a resume continues
+        epochs_trained, steps_trained_in_current_epoch = self._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial)
+        model, train_dataloader = self._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
+        if not sized:  # a stream: the epoch is the restored loader's
+            epochs_trained = loader_epoch(train_dataloader)
+        log_plan(self, values, train_dataloader)
+        start_time = time.time()
+        self._initial_num_input_tokens_seen = self.state.num_input_tokens_seen
+        self._initial_global_step = self._globalstep_last_logged = self.state.global_step
         self.meter = TrainingMeter(self.accelerator, self._num_parameters)
         model.train()  # once: evaluation switches back itself, so no step pays for it
-        self.control._new_training()
-        self.control = handler.on_train_begin(args, state, self.control)
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
         if args.eval_on_start:
-            self._evaluate_during_training(ignore_keys_for_eval)
-        start, start_step = time.perf_counter(), state.global_step
-        self._train_start, self._initial_num_input_tokens_seen = start, state.num_input_tokens_seen
-        first_epoch = state.global_step // plan.steps_per_epoch if plan.steps_per_epoch else loader_epoch(train_dataloader)
-        for epoch in range(first_epoch, plan.num_epochs):
-            steps_in_epoch = start_at.steps_done_in_epoch if epoch == first_epoch else 0
-            batches = self._epoch_batches(train_dataloader, epoch, start_at.batches_to_skip if epoch == first_epoch else 0)
-            self.control._new_epoch()
-            self.control = handler.on_epoch_begin(args, state, self.control)
-            pending = start_at.restore_random_states if epoch == first_epoch else None  # a transformers checkpoint's
-            if pending is not None and not start_at.batches_to_skip:
-                pending = pending()  # restored where transformers restores them: here, or after the first window
-            epoch_iterator = iter(batches)
-            for num_batches in window_sizes(train_dataloader, self._accumulation_steps, plan, steps_in_epoch):
-                window, num_items_in_batch = self.get_batch_samples(epoch_iterator, num_batches, args.device)
-                if not window:
+            self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
+        with preemption.watching(self):  # SIGTERM & co.: every rank saves one checkpoint, exits 75
+            for epoch in range(epochs_trained, num_train_epochs):
+                self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+                self._run_epoch(model=model, epoch=epoch, train_dataloader=train_dataloader,
+                                steps_in_epoch=steps_in_epoch, num_update_steps_per_epoch=num_update_steps_per_epoch,
+                                trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, start_time=start_time,
+                                resume_from_checkpoint=resume_from_checkpoint, epochs_trained=epochs_trained,
+                                steps_trained_in_current_epoch=steps_trained_in_current_epoch)
+                if self.control.should_training_stop:
                     break
-                if pending is not None:
-                    pending = pending()
-                self.control._new_step()
-                self.control = handler.on_step_begin(args, state, self.control)
-                self._train_window(model, window, num_items_in_batch)
-                self._optimizer_step(model)
-                steps_in_epoch += 1
-                state.global_step += 1
-                wiring.maybe_empty_cache(args, state.global_step, self.accelerator.device)
-                state.epoch = epoch + (steps_in_epoch / plan.steps_per_epoch if plan.steps_per_epoch else 0)
-                self.control = handler.on_step_end(args, state, self.control)
-                self._maybe_log_save_evaluate(ignore_keys_for_eval)
-                preemption.at_step_boundary(self)
-                if self.control.should_epoch_stop or self.control.should_training_stop:
-                    break
-            self.control = handler.on_epoch_end(args, state, self.control)
-            self._maybe_log_save_evaluate(ignore_keys_for_eval)
-            if self.control.should_training_stop:
-                break
-        return self._finish_training(start, state.global_step - start_step)
+            return self._finalize_training(trial, num_train_samples, start_time)
 
-    def _epoch_batches(self, train_dataloader, epoch: int, skip_batches: int) -> Iterable[Any]:
+    def _init_training_state(self, max_steps: int, num_update_steps_per_epoch: int, num_train_epochs: int,
+                             resume_from_checkpoint: str | None, trial: Any) -> tuple[int, int]:
+        """A fresh TrainerState, or the resumed checkpoint's (with this run's plan and its callbacks' states);
+        returns (epochs done, micro-batches done in the current epoch)."""
+        self.state = TrainerState(stateful_callbacks=self._stateful_callbacks())
+        self.state.is_hyper_param_search = trial is not None
+        self.state.train_batch_size = self._train_batch_size
+        self.state.compute_steps(self.args, max_steps)
+        epochs_trained = steps_trained_in_current_epoch = 0
+        if resume_from_checkpoint is not None:
+            loaded = resume.load_trainer_state(self, resume_from_checkpoint)
+            self.compare_trainer_and_checkpoint_args(self.args, loaded)
+            resume.warn_about_changed_plan(self, loaded, resume_from_checkpoint)
+            resume.adopt_state(self, loaded)
+            self._load_callback_state()
+            epochs_trained = self.state.global_step // num_update_steps_per_epoch
+            if not self.args.ignore_data_skip:
+                steps_done = self.state.global_step % num_update_steps_per_epoch
+                steps_trained_in_current_epoch = steps_done * self._accumulation_steps
+        self.state.init_training_references(self, max_steps, num_train_epochs, trial)
+        return epochs_trained, steps_trained_in_current_epoch
+
+    def _prepare_for_training(self, max_steps: int, train_dataloader: Any,
+                              resume_from_checkpoint: str | None) -> tuple[nn.Module, Any]:
+        """Optimizer, the engine's model, schedule and, when resuming, the checkpoint's engine state (optimizer,
+        schedule, random states, data position); returns (the model to train, the training DataLoader)."""
+        if self._optimizer_prepared:
+            wiring.replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
+        else:
+            self._scheduler_built = self.lr_scheduler is None
+            self.create_optimizer()  # the engine re-binds it to the parameters its strategy shards or replaces
+        self._prepare_model(self._wrap_model(self.model_wrapped))
+        if not self._optimizer_prepared:
+            self.optimizer = self.accelerator.prepare(self.optimizer)
+            self.create_scheduler(num_training_steps=max_steps)
+            # The schedule counts optimizer steps itself (stepped by the loop), so it is checkpointed, not prepared.
+            self.accelerator.register_for_checkpointing(self.lr_scheduler)
+            self._optimizer_prepared = True
+        handler = self.callback_handler
+        handler.model, handler.optimizer, handler.lr_scheduler = self.model, self.optimizer, self.lr_scheduler
+        handler.train_dataloader = train_dataloader
+        self._resume_point = resume.START
+        if resume_from_checkpoint is not None:
+            if self._loads_weights_after_wrapping():
+                self._load_from_checkpoint(resume_from_checkpoint, self.model_wrapped)
+            self._resume_point = self.checkpoint_manager.resume(resume_from_checkpoint, train_dataloader,
+                                                                self._update_steps_per_epoch)
+        return self.model_wrapped, train_dataloader
+
+    def _run_epoch(self, model: nn.Module, epoch: int, train_dataloader: Any, steps_in_epoch: int,
+                   num_update_steps_per_epoch: int, trial: Any, ignore_keys_for_eval: list[str] | None,
+                   start_time: float, resume_from_checkpoint: str | None, epochs_trained: int,
+                   steps_trained_in_current_epoch: int) -> None:
+        """One pass over the training data: an optimizer step per window of ``get_batch_samples``."""
+        args, state, handler = self.args, self.state, self.callback_handler
+        start = self._resume_point if epoch == epochs_trained and resume_from_checkpoint else resume.START
+        epoch_iterator = iter(self._epoch_batches(train_dataloader, epoch, start.batches_to_skip))
+        sized = length_or_none(train_dataloader) is not None
+        trained_any, grad_norm, learning_rate = False, None, None
+        pending = start.restore_random_states  # a transformers checkpoint's: restored where transformers does,
+        if pending is not None and not start.batches_to_skip:  # here, or after the first window
+            pending = pending()
+        windows = window_sizes(train_dataloader, self._accumulation_steps,
+                               num_update_steps_per_epoch if sized else None, start.steps_done_in_epoch)
+        for update_step, num_batches in zip(range(start.steps_done_in_epoch, num_update_steps_per_epoch), windows):
+            batch_samples, num_items_in_batch = self.get_batch_samples(epoch_iterator, num_batches, args.device)
+            if not batch_samples:
+                break
+            if pending is not None:
+                pending = pending()
+            trained_any = True
+            grad_norm, learning_rate = self._train_on_window(model, batch_samples, num_items_in_batch)
+            state.global_step += 1
+            state.epoch = epoch + ((update_step + 1) / num_update_steps_per_epoch if sized else 0)
+            wiring.maybe_empty_cache(args, state.global_step, self.accelerator.device)
+            self.control = handler.on_step_end(args, state, self.control)
+            self._maybe_log_save_evaluate(self.meter.loss_sum, grad_norm, model, trial, epoch, ignore_keys_for_eval,
+                                          start_time, learning_rate=learning_rate)
+            preemption.at_step_boundary(self)
+            if self.control.should_epoch_stop or self.control.should_training_stop:
+                break
+        if not trained_any and start.steps_done_in_epoch == 0:
+            logger.warning("The training data gave no batch in epoch %d: training stops at step %d.", epoch,
+                           state.global_step)
+            self.control.should_training_stop = True
+        self.control = handler.on_epoch_end(args, state, self.control)
+        self._maybe_log_save_evaluate(self.meter.loss_sum, grad_norm, model, trial, epoch, ignore_keys_for_eval,
+                                      start_time, learning_rate=learning_rate)
+
+    def _epoch_batches(self, train_dataloader: Any, epoch: int, skip_batches: int) -> Iterable[Any]:
         if hasattr(train_dataloader, "set_epoch"):
             train_dataloader.set_epoch(epoch)
         if skip_batches:
             return self.accelerator.skip_first_batches(train_dataloader, skip_batches)
         return train_dataloader
 
-    def _train_window(self, model: nn.Module, window: list[Any], num_items_in_batch: torch.Tensor | None = None) -> None:
-        """Forward and backward every micro-batch of one window; gradients are exchanged after the last only."""
-        accelerator = self.accelerator
-        self.current_gradient_accumulation_steps = len(window)
-        self._window_loss_is_share = loss_items.open_window(self, window, num_items_in_batch)
-        token_mode = self.args.include_num_input_tokens_seen
+    def _train_on_window(self, model: nn.Module, batch_samples: list[Any],
+                         num_items_in_batch: torch.Tensor | int | None) -> tuple[Any, float]:
+        """Forward and backward every micro-batch of one window (gradients exchanged after the last only), then
+        the optimizer step; returns (gradient norm, learning rate of the step)."""
+        args, handler = self.args, self.callback_handler
+        self.control = handler.on_step_begin(args, self.state, self.control)
+        self.current_gradient_accumulation_steps = len(batch_samples)
+        self._window_loss_is_share = loss_items.open_window(self, batch_samples, num_items_in_batch)
         window_loss = None
-        for index, inputs in enumerate(window):
-            with accelerator.accumulate(model):
+        for index, inputs in enumerate(batch_samples):
+            with self.accelerator.accumulate(model):
                 step_loss = self.training_step(model, inputs, num_items_in_batch)
             window_loss = step_loss if window_loss is None else window_loss + step_loss
-            self.meter.add_micro_batch(samples_in(inputs), tokens_in(inputs, self.main_input_name, token_mode == "non_padding"))
-            if index < len(window) - 1:
-                self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
-        self.meter.add_step(window_loss, self.args.logging_nan_inf_filter)
+            self.current_flos += float(self.floating_point_ops(inputs))
+            self._track_num_input_tokens(inputs)
+            if index < len(batch_samples) - 1:
+                self.control = handler.on_substep_end(args, self.state, self.control)
+        self.meter.add_step(window_loss, args.logging_nan_inf_filter)
+        return self._optimizer_step(model)
 
     def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
         """Forward and backward one micro-batch; return its (detached) share of the window's mean loss.
@@ -387,7 +458,9 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
         """
         if callable(getattr(self.optimizer, "train", None)):  # schedule-free optimizers: train mode (as transformers)
             self.optimizer.train()
-        loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         loss = loss_items.window_share(self, loss, inputs, num_items_in_batch)
         self.accelerator.backward(loss, **optim.backward_kwargs(self.optimizer, self.lr_scheduler))
         return loss.detach()
@@ -410,230 +483,89 @@ class Trainer(SamplingHooks, hp_search.HyperparameterSearchMethods):
             loss = loss_from_outputs(outputs)
         return (loss, outputs) if return_outputs else loss
 
-    def _optimizer_step(self, model: nn.Module) -> None:
+    def compute_loss_context_manager(self) -> contextlib.ExitStack:
+        """The context every forward with a loss runs in: :meth:`autocast_smart_context_manager`'s."""
+        stack = contextlib.ExitStack()
+        autocast = self.autocast_smart_context_manager()
+        if not isinstance(autocast, contextlib.nullcontext):
+            stack.enter_context(autocast)
+        return stack
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
+        """A no-op context: the engine's prepared model runs its forward under the mixed precision itself.
+        Override it to return another context (e.g. ``torch.autocast(...)``) for every loss computation."""
+        return contextlib.nullcontext()
+
+    def _optimizer_step(self, model: nn.Module) -> tuple[Any, float]:
         args, handler = self.args, self.callback_handler
-        if args.max_grad_norm and args.max_grad_norm > 0:
-            self._last_grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        grad_norm: Any = self._clip_grad_norm(model) if args.max_grad_norm and args.max_grad_norm > 0 else None
+        grad_norm = self._get_grad_norm(model, grad_norm=grad_norm)
         self.control = handler.on_pre_optimizer_step(args, self.state, self.control)
         self.optimizer.step()
         self.control = handler.on_optimizer_step(args, self.state, self.control)
-        self._step_learning_rate = current_learning_rate(self.lr_scheduler, self.optimizer)  # before the schedule moves on
+        learning_rate = self._get_learning_rate()  # the rate this step used, before the schedule moves on
         if not self.accelerator.optimizer_step_was_skipped and not self._scheduler_needs_metrics():
             self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm, learning_rate
+
+    def _clip_grad_norm(self, model: nn.Module) -> torch.Tensor:
+        """Clip the gradients to ``max_grad_norm``; return their norm before clipping."""
+        return self.accelerator.clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+
+    def _get_grad_norm(self, model: nn.Module, grad_norm: torch.Tensor | float | None = None) -> torch.Tensor | float:
+        """The gradients' norm: ``grad_norm`` when clipping measured it, else measured now (without clipping)."""
+        if grad_norm is None:
+            grad_norm = self.accelerator.clip_grad_norm_(model.parameters(), float("inf"))
+        return grad_norm
 
     def _scheduler_needs_metrics(self) -> bool:
         return isinstance(self.lr_scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
-    def _maybe_log_save_evaluate(self, ignore_keys_for_eval) -> None:
-        if self.control.should_log:
-            self.control.should_log = False
-            self._log_training_progress()
+    def _maybe_log_save_evaluate(self, tr_loss: torch.Tensor, grad_norm: torch.Tensor | float | None, model: nn.Module,
+                                 trial: Any, epoch: float, ignore_keys_for_eval: list[str] | None, start_time: float,
+                                 learning_rate: float | None = None) -> None:
+        """Log, evaluate and save as the control asks. ``tr_loss`` is the running loss since the last log (on the
+        device, summed over processes when logged)."""
+        if self.control.should_log and self.state.global_step > self._globalstep_last_logged:
+            values = self.meter.flush()
+            self._globalstep_last_logged = self.state.global_step
+            self._count_input_tokens(values)
+            self.store_flos()
+            rate = learning_rate if learning_rate is not None else self._get_learning_rate()
+            add_to_next_tracker_log(self.callback_handler, throughput_logs(values))  # trackers only, not log_history
+            self.log(training_logs(values, grad_norm, rate), start_time)
         if self.control.should_evaluate:
-            self.control.should_evaluate = False
-            self._evaluate_during_training(ignore_keys_for_eval)
+            metrics = self._evaluate(trial, ignore_keys_for_eval)
+            is_new_best = self._determine_best_metric(metrics=metrics, trial=trial)
+            if self.args.save_strategy == "best":
+                self.control.should_save = is_new_best
         if self.control.should_save:
-            self.control.should_save = False
-            self._save_checkpoint()
+            self._save_checkpoint(model, trial)
             self.control = self.callback_handler.on_save(self.args, self.state, self.control)
 
-    def _log_training_progress(self) -> None:
-        values = self.meter.flush()
-        if values:
-            self._count_tokens(values["tokens"])
-            rate = self._step_learning_rate
-            if rate is None:
-                rate = current_learning_rate(self.lr_scheduler, self.optimizer)
-            add_to_next_tracker_log(self.callback_handler, throughput_logs(values))
-            self.log(training_logs(values, self._last_grad_norm, rate), self._train_start)
+    def _count_input_tokens(self, values: Mapping[str, float]) -> None:
+        if values and self.args.include_num_input_tokens_seen != "no":
+            self.state.num_input_tokens_seen += int(values["tokens"])
 
-    def _count_tokens(self, tokens: float) -> None:
-        self.state.total_flos += 6.0 * self._num_parameters * tokens
-        if self.args.include_num_input_tokens_seen != "no":
-            self.state.num_input_tokens_seen += int(tokens)
-
-    def _finish_training(self, start: float, steps_run: int) -> TrainOutput:
+    def _finalize_training(self, trial: Any, num_train_samples: float, start_time: float) -> TrainOutput:
+        """The run's metrics (logged), the best model when asked, ``on_train_end``."""
         args, state = self.args, self.state
         checkpoints.finish_background_save(self)  # train() returns with its last checkpoint durable and visible
-        leftover = self.meter.flush()  # steps since the last log still count in train_loss
-        if leftover:
-            self._count_tokens(leftover["tokens"])
-        if args.load_best_model_at_end:
-            self.checkpoint_manager.load_best_model()
-        data_parallel = self.accelerator.strategy.data_parallel_size  # a tensor-parallel group reads one batch
-        global_batch = self._train_batch_size * self._accumulation_steps * data_parallel
-        metrics = speed_metrics("train", start, num_samples=steps_run * global_batch, num_steps=steps_run)
+        self._count_input_tokens(self.meter.flush())  # steps since the last log still count in train_loss
+        steps_run = state.global_step - self._initial_global_step
+        # The share of the planned samples this call trained on (transformers' count).
+        metrics = speed_metrics("train", start_time, num_samples=num_train_samples * steps_run / max(state.max_steps, 1),
+                                num_steps=steps_run)
+        self.store_flos()
         metrics.update(total_flos=state.total_flos, train_loss=self.meter.train_loss)
+        self._memory_tracker.stop_and_update_metrics(metrics)
         self.log(metrics)
+        if args.load_best_model_at_end and state.best_model_checkpoint is not None:
+            self._load_best_model()
         self.control = self.callback_handler.on_train_end(args, state, self.control)
+        self._finish_current_push()
         return TrainOutput(state.global_step, self.meter.train_loss, metrics)
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def _save_checkpoint(self) -> None:
-        self.checkpoint_manager.save()
-
-    def _resume(self, folder: str, train_dataloader, plan: TrainingPlan) -> resume.ResumePoint:
-        """Load ``folder``; return where the loop picks up in the current epoch."""
-        return self.checkpoint_manager.resume(folder, train_dataloader, plan.steps_per_epoch)
-
-    # ------------------------------------------------------------------ evaluation and prediction
-
-    def _evaluate_during_training(self, ignore_keys_for_eval) -> dict[str, float]:
-        metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
-        self._report_to_hp_search(self._trial, self.state.global_step, metrics)  # may prune the trial
-        name = self.args.metric_for_best_model
-        if name is not None:
-            key = name if name.startswith("eval_") else f"eval_{name}"
-            if key not in metrics:
-                raise KeyError(f"metric_for_best_model={name!r}: no {key!r} among the evaluation metrics {sorted(metrics)}.")
-            value, best = metrics[key], self.state.best_metric
-            if best is None or (value > best if self.args.greater_is_better else value < best):
-                self.state.best_metric, self.state.best_global_step = value, self.state.global_step
-                if self.args.save_strategy == "best":
-                    self.control.should_save = True
-            if self._scheduler_needs_metrics():
-                self.lr_scheduler.step(value)
-        self.model_wrapped.train()
-        return metrics
-
-    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
-                 metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Loss and ``compute_metrics`` over the evaluation set(s), gathered exactly; keys start with ``eval_``."""
-        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
-        if isinstance(dataset, Mapping):
-            metrics: dict[str, float] = {}
-            for name, part in dataset.items():
-                metrics.update(self.evaluate(part, ignore_keys, f"{metric_key_prefix}_{name}"))
-            return metrics
-        self._memory_tracker.start()
-        self._prepare_model()
-        wiring.cast_for_full_eval(self)
-        dataloader = self.get_eval_dataloader(dataset)
-        start = time.perf_counter()
-        output = self.evaluation_loop(dataloader, "Evaluation", True if self.compute_metrics is None else None,
-                                      ignore_keys, metric_key_prefix)
-        metrics = dict(output.metrics)
-        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
-        self._memory_tracker.stop_and_update_metrics(metrics)
-        self.log(metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=metrics)
-        if not self.is_in_train:
-            self._close_trackers()
-        return metrics
-
-    def evaluation_loop(self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
-                        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval") -> EvalLoopOutput:
-        """Predictions, labels, loss and ``compute_metrics`` over ``dataloader`` (from ``get_eval_dataloader`` or
-        ``get_test_dataloader``), gathered exactly. ``evaluate``/``predict`` go through it; subclasses such as
-        the example scripts' ``QuestionAnsweringTrainer`` call it directly, so it prepares the model itself."""
-        self._prepare_model()
-        wiring.cast_for_full_eval(self)
-        return run_evaluation_loop(self, dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
-
-    def _close_trackers(self) -> None:
-        """After an evaluate() outside train(): its log restarted the trackers; close them (no file left open)."""
-        for callback in self.callback_handler.engine_callbacks:
-            if isinstance(callback, TrackerCallback) and callback.started:
-                callback.on_train_end(self.args, self.state, self.control)
-
-    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None,
-                metric_key_prefix: str = "test") -> PredictionOutput:
-        """Predictions, label ids (when the data has labels) and metrics, one row per sample in dataset order."""
-        self._memory_tracker.start()  # here, in predict(): the tracker names its metrics after the calling method
-        self._prepare_model()
-        wiring.cast_for_full_eval(self)
-        dataloader = self.get_test_dataloader(test_dataset)
-        start = time.perf_counter()
-        output = self.evaluation_loop(dataloader, "Prediction", None, ignore_keys, metric_key_prefix)
-        metrics = dict(output.metrics)
-        metrics.update(speed_metrics(metric_key_prefix, start, output.num_samples, length_or_none(dataloader)))
-        self._memory_tracker.stop_and_update_metrics(metrics)
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=metrics)
-        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=metrics)
-
-    def prediction_step(self, model: nn.Module, inputs: Any, prediction_loss_only: bool,
-                        ignore_keys: list[str] | None = None) -> tuple[torch.Tensor | None, Any, Any]:
-        """(loss, predictions, labels) of one batch, without gradients."""
-        if ignore_keys is None:  # transformers' default: the model's cache output (named "cache" from 5.24 on)
-            config = getattr(self.model, "config", None)
-            ignore_keys = [] if config is None else list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values", "cache"]))
-        is_dict = isinstance(inputs, Mapping)
-        has_labels = is_dict and all(inputs.get(name) is not None for name in self.label_names)
-        labels = None
-        if has_labels:
-            labels = tuple(inputs[name].detach() for name in self.label_names)
-            labels = labels[0] if len(labels) == 1 else labels
-        with torch.no_grad():
-            if has_labels:
-                num_items = loss_items.evaluation_items(self, inputs)  # as transformers counts them
-                loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items)
-                loss = loss_items.evaluation_loss(self, loss, num_items)
-                _, predictions = split_loss(outputs, ignore_keys)
-            else:
-                loss, predictions = split_loss(call_model(model, inputs), ignore_keys)
-        loss = loss.detach().mean() if loss is not None else None
-        if prediction_loss_only:
-            return loss, None, None
-        return loss, predictions, labels
-
-    # ------------------------------------------------------------------ logging and saving
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Record ``logs`` (with epoch and step) in ``state.log_history`` and send them to the callbacks and trackers.
-
-        ``epoch`` (and the token count) are added to ``logs`` itself, as transformers does: the metrics that
-        ``train()`` and ``evaluate()`` return, and scripts save with ``save_metrics``, carry the epoch. With
-        ``include_num_input_tokens_seen``, ``start_time`` (the run's ``time.perf_counter()``) adds its token rate."""
-        if self.state.epoch is not None:
-            logs["epoch"] = self.state.epoch
-        if self.args.include_num_input_tokens_seen != "no":  # with this run's token rate, as transformers
-            logs["num_input_tokens_seen"] = self.state.num_input_tokens_seen
-            if start_time is not None:
-                tokens = self.state.num_input_tokens_seen - getattr(self, "_initial_num_input_tokens_seen", 0)
-                logs.update(speed_metrics("train", start_time, num_tokens=tokens))
-        self.state.log_history.append({**logs, "step": self.state.global_step})
-        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
-
-    def save_model(self, output_dir: str | None = None) -> None:
-        """Write the full weights (safetensors), config and tokenizer to ``output_dir`` (default: args.output_dir)."""
-        self._prepare_model()
-        output_dir = output_dir or self.args.output_dir
-        if self.accelerator.is_main_process:
-            os.makedirs(output_dir, exist_ok=True)
-        checkpoints.save_model_files(self, output_dir)
-        self.accelerator.wait_for_everyone()
-
-    def save_state(self) -> None:
-        """Write ``trainer_state.json`` to ``output_dir`` (main process)."""
-        if self.is_world_process_zero():
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            self.state.save_to_json(os.path.join(self.args.output_dir, checkpoints.TRAINER_STATE_NAME))
-
-    def log_metrics(self, split: str, metrics: dict[str, float]) -> None:
-        """Log ``metrics`` of ``split`` in a readable block (main process)."""
-        if self.is_world_process_zero():
-            log_metrics_block(split, metrics)
-
-    def save_metrics(self, split: str, metrics: dict[str, float], combined: bool = True) -> None:
-        """Write ``{split}_results.json`` (and merge into ``all_results.json`` if ``combined``) in output_dir."""
-        if self.is_world_process_zero():
-            write_metrics_file(self.args.output_dir, split, metrics, combined=combined)
-
-    def create_model_card(self, **card_fields: Any) -> None:
-        """Write a draft model card (README.md) to ``output_dir``; keywords as transformers' (main process)."""
-        if self.is_world_process_zero():
-            hub.write_model_card(self, **card_fields)
-
-    def push_to_hub(self, commit_message: str = "End of training", **card_fields: Any) -> None:
-        """Save the model and a model card (``card_fields`` as create_model_card's) to ``output_dir`` and upload them
-        (needs push_to_hub=True, checked at construction)."""
-        if self.hub is None:
-            raise ValueError("push_to_hub() needs TrainingArguments(push_to_hub=True), which checks the Hub when the Trainer is created.")
-        self.save_model()
-        self.create_model_card(**card_fields)
-        if self.is_world_process_zero():
-            self.hub.upload(self.args.output_dir, commit_message)
 
 
 if TYPE_CHECKING:  # mypy checks that the Trainer has all that checkpointing/ reads and writes on it

@@ -3,7 +3,7 @@
 One small function per concern, so the Trainer's own methods stay short: ``engine_options`` (DDP keyword
 arguments, process-group backend and timeout, DataLoader configuration), ``prepare_model_features`` (activation checkpointing, ``use_cache``,
 NEFTune, Liger, ``debug``), ``label_smoothed_loss``, ``seed_run`` (``full_determinism``),
-``maybe_empty_cache`` and ``train_with_batch_size_search`` (``auto_find_batch_size``).
+``maybe_empty_cache`` and ``train_with_batch_size_search`` (``auto_find_batch_size``), ``replan_schedule``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,6 @@ def engine_options(args: Any) -> dict[str, Any]:
     from trainkit.utils.dataclasses import (DataLoaderConfiguration, DistributedDataParallelKwargs,
                                             GradientAccumulationPlugin, InitProcessGroupKwargs)
 
-    if args.save_on_each_node:
-        state = args._process_state()
-        if state.local_world_size != state.world_size:
-            raise ValueError("save_on_each_node=True on several machines: trainkit's Trainer writes each checkpoint once, "
-                             "from the main process, so output_dir must be a filesystem all machines share.")
     ddp_fields = {"find_unused_parameters": args.ddp_find_unused_parameters, "bucket_cap_mb": args.ddp_bucket_cap_mb,
                   "broadcast_buffers": args.ddp_broadcast_buffers, "static_graph": args.ddp_static_graph}
     handlers: list[Any] = [InitProcessGroupKwargs(backend=args.ddp_backend, timeout=args.ddp_timeout_if_set)]
@@ -192,34 +187,34 @@ def batch_size_to_resume(trainer: Any, folder: str | None) -> None:
     if folder and trainer.args.auto_find_batch_size:
         from .checkpointing.resume import saved_train_batch_size
 
-        trainer._train_batch_size = saved_train_batch_size(folder) or trainer._train_batch_size
+        trainer._train_batch_size = saved_train_batch_size(trainer, folder) or trainer._train_batch_size
 
 
-def train_with_batch_size_search(trainer: Any, run: Callable[[], Any]) -> Any:
-    """Run training; on an out-of-memory error take 90% of the training batch size (rounded down) and start
-    again, as transformers' auto_find_batch_size does (accelerate's find_executable_batch_size). The size is
-    ``trainer._train_batch_size`` (also ``state.train_batch_size``, so a resume starts from it); the arguments
-    stay as written. Every process must hit the error together, as on equal GPUs."""
+def train_with_batch_size_search(trainer: Any, run: Callable[..., Any], batch_size: int) -> Any:
+    """``run(batch_size=...)``; on an out-of-memory error take 90% of the batch size (rounded down) and start
+    again, as transformers' auto_find_batch_size does (accelerate's find_executable_batch_size; every process
+    must hit the error together, as on equal GPUs). The arguments keep the batch size the script gave; the
+    Trainer trains with ``trainer._train_batch_size`` (also ``state.train_batch_size``, so a resume starts from it)."""
     from trainkit.utils.memory import is_out_of_memory, release_memory
 
     while True:
         try:
-            return run()
+            return run(batch_size=batch_size)
         except Exception as error:  # noqa: BLE001 - only out-of-memory errors are retried
-            smaller = int(trainer._train_batch_size * 0.9)
+            smaller = int(batch_size * 0.9)
             if not is_out_of_memory(error) or smaller < 1:
                 raise
             if trainer.optimizer is not None:
                 trainer.optimizer.zero_grad(set_to_none=True)
             release_memory()
-            trainer._train_batch_size = smaller
-            logger.warning("Out of memory: training again with a training batch size of %d per process.", smaller)
+            batch_size = smaller
+            logger.warning("Out of memory: training again with a training batch size of %d per process.", batch_size)
 
 
 def replan_schedule(trainer: Any, max_steps: int) -> None:
     """Re-span a schedule the Trainer built when a new run plans a different number of steps (the object stays
     the one registered for checkpointing; its state is replaced by a fresh schedule's)."""
-    if not getattr(trainer, "_scheduler_built", False) or trainer.state.max_steps == max_steps:
+    if not getattr(trainer, "_scheduler_built", False) or getattr(trainer, "_scheduled_steps", None) == max_steps:
         return
     from .optim import build_scheduler
 
@@ -228,16 +223,7 @@ def replan_schedule(trainer: Any, max_steps: int) -> None:
         group["lr"] = group.get("initial_lr", group["lr"])
     fresh = build_scheduler(optimizer, trainer.args, max_steps)
     trainer.lr_scheduler.__dict__.update(fresh.__dict__)
-
-
-def cast_for_full_eval(trainer: Any) -> None:
-    """bf16_full_eval / fp16_full_eval: outside training, evaluate with the model itself in that dtype (as
-    transformers; during training, evaluations keep the training precision)."""
-    args = trainer.args
-    if trainer.is_in_train or not (args.bf16_full_eval or args.fp16_full_eval):
-        return
-    dtype = torch.bfloat16 if args.bf16_full_eval else torch.float16
-    trainer.model_wrapped.to(dtype=dtype)
+    trainer._scheduled_steps = max_steps
 
 
 def memory_tracker(args: Any) -> Any:
@@ -245,4 +231,7 @@ def memory_tracker(args: Any) -> Any:
     to train/evaluate results (CPU through psutil, plus the GPU where there is one)."""
     from transformers.trainer_utils import TrainerMemoryTracker
 
-    return TrainerMemoryTracker(args.skip_memory_metrics)
+    tracker = TrainerMemoryTracker(args.skip_memory_metrics)
+    # It names the stage after its caller; releases before the loop was split (5.1) do not know _finalize_training.
+    tracker.stages = {**tracker.stages, "_finalize_training": "train"}
+    return tracker

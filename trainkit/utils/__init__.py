@@ -62,11 +62,11 @@ from .environment import (
 )
 from .memory import find_executable_batch_size, release_memory
 from .other import (
-    compare_versions,
     compile_regions,
     compile_regions_deepspeed,
     convert_bytes,
     deepspeed_required,
+    get_model_tp_size,
     get_pretty_name,
     is_peft_model,
     is_port_in_use,
@@ -75,6 +75,7 @@ from .other import (
 )
 from .progress import tqdm
 from .random import set_seed, synchronize_rng_state, synchronize_rng_states
+from .versions import compare_versions
 
 _AVAILABILITY = {name: getattr(_imports, name) for name in dir(_imports) if name.startswith("is_")}
 globals().update(_AVAILABILITY)
@@ -83,11 +84,12 @@ globals().update(_CONSTANTS)
 
 _LAZY = {
     "FullyShardedDataParallelPlugin": "trainkit.engine.strategies.fsdp.plugin",
-    **{name: "trainkit.config.parallelism" for name in (
-        "ParallelismConfig", "TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig")},
+    "ParallelismConfig": "trainkit.parallelism_config",
+    **{name: "trainkit.config.parallelism" for name in ("TorchContextParallelConfig", "DeepSpeedSequenceParallelConfig")},
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "skip_first_batches": "trainkit.data_loader",
+    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
     # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
     "DummyOptim": "trainkit.engine.strategies.deepspeed",
     "DummyScheduler": "trainkit.engine.strategies.deepspeed",
@@ -95,7 +97,8 @@ _LAZY = {
         "CustomDtype", "clean_state_dict_for_safetensors", "compute_module_sizes", "convert_file_size_to_int",
         "dtype_byte_size", "extract_submodules_state_dict", "find_tied_parameters", "get_module_children_bottom_up",
         "id_tensor_storage", "load", "load_state_dict", "model_has_dtensor", "named_module_tensors",
-        "retie_parameters")},
+        "retie_parameters", "get_non_persistent_buffers", "compute_module_total_buffer_size")},
+    "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
     "is_compiled_module": "trainkit.engine.step.unwrapping",
     "has_compiled_regions": "trainkit.engine.step.unwrapping",
     **{name: "trainkit.utils.operations" for name in (
@@ -119,7 +122,7 @@ __all__ = sorted([
     "check_cuda_p2p_ib_support", "get_cpu_distributed_information", "get_gpu_info", "get_grad_scaler",
     "clear_environment", "compare_versions", "compile_regions", "compile_regions_deepspeed", "convert_bytes",
     "convert_dict_to_env_variables", "deepspeed_required", "get_current_device_type", "get_int_from_env",
-    "get_pretty_name", "is_peft_model", "is_port_in_use", "merge_dicts", "parse_choice_from_env",
+    "get_model_tp_size", "get_pretty_name", "is_peft_model", "is_port_in_use", "merge_dicts", "parse_choice_from_env",
     "parse_flag_from_env", "patch_environment", "purge_accelerate_environment", "recursive_getattr", "str_to_bool", "synchronize_rng_states", "tqdm", *_AVAILABILITY,
     *_CONSTANTS, *_LAZY,
 ])

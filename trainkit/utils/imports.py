@@ -6,6 +6,8 @@ import importlib.util
 from collections.abc import Callable
 from functools import lru_cache
 
+from trainkit.utils.versions import is_torch_version  # accelerate.utils.imports names it too
+
 
 @lru_cache(maxsize=None)
 def is_package_available(name: str) -> bool:
@@ -194,16 +196,3 @@ def is_fp16_available() -> bool:
 def is_fp8_available() -> bool:
     """False: trainkit has no fp8 training path."""
     return False
-
-
-def is_torch_version(operation: str, version: str) -> bool:
-    """Compare the installed torch version with ``version`` using ``operation`` (">=", "<", "==", ...)."""
-    import operator
-
-    import torch
-    from packaging.version import Version
-
-    ops = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
-    if operation not in ops:
-        raise ValueError(f"is_torch_version: operation must be one of {sorted(ops)}, got {operation!r}.")
-    return ops[operation](Version(Version(torch.__version__).base_version), Version(version))

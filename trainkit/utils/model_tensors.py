@@ -59,6 +59,19 @@ def named_module_tensors(module: nn.Module, include_buffers: bool = True, recurs
             yield name, buffer
 
 
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the module's non-persistent buffers (those ``state_dict`` leaves out), in a new set.
+
+    With ``recurse`` the submodules' count too, by their own names, or by dotted full names with ``fqns``."""
+    if not recurse:
+        return set(module._non_persistent_buffers_set)
+    names: set[str] = set()
+    for prefix, submodule in module.named_modules():
+        for name in submodule._non_persistent_buffers_set:
+            names.add(f"{prefix}.{name}" if fqns and prefix else name)
+    return names
+
+
 def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
     """(device, storage address, storage size): equal for tensors that share memory."""
     storage = tensor.untyped_storage()
@@ -75,7 +88,8 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
     for name in removed:
         del state_dict[name]
     if removed:
-        logger.warning("Removed shared tensors %s while saving: they alias another entry.", removed)
+        logger.warning(f"Removed shared tensor {removed} while saving: they alias another entry, which keeps their "
+                       "values (tie them again after loading).")
     return {key: value.contiguous() if isinstance(value, torch.Tensor) else value for key, value in state_dict.items()}
 
 
@@ -108,6 +122,8 @@ def convert_file_size_to_int(size: int | str) -> int:
                 value = int(float(size[: -len(unit)]) * factor)
             except ValueError:
                 break
+            if value < 0:
+                break
             return value // 8 if size.endswith("b") else value
     raise ValueError(f"size {size!r} is not valid: use an integer of bytes or a string with a unit, like '5.0GB'.")
 
@@ -115,8 +131,8 @@ def convert_file_size_to_int(size: int | str) -> int:
 def compute_module_sizes(model: nn.Module, dtype: str | torch.dtype | None = None,
                          special_dtypes: dict[str, str | torch.dtype] | None = None,
                          buffers_only: bool = False) -> dict[str, int]:
-    """Bytes of every submodule (by name, "" for the whole model), counting each tensor in ``dtype`` when
-    given (never larger than its own dtype) and ``special_dtypes[name]`` for the names listed there."""
+    """Bytes of every submodule and tensor (by name, "" for the whole model), counting each tensor in ``dtype``
+    when given (never larger than its own dtype) and ``special_dtypes[name]`` for the names listed there."""
     def as_dtype(value: str | torch.dtype) -> torch.dtype:
         return getattr(torch, value.replace("torch.", "")) if isinstance(value, str) else value
 
@@ -130,9 +146,15 @@ def compute_module_sizes(model: nn.Module, dtype: str | torch.dtype | None = Non
         else:
             size = tensor.numel() * dtype_byte_size(tensor.dtype)
         parts = name.split(".")
-        for depth in range(len(parts)):
+        for depth in range(len(parts) + 1):  # the model (""), each enclosing module and the tensor itself
             sizes[".".join(parts[:depth])] += int(size)
     return dict(sizes)
+
+
+def compute_module_total_buffer_size(model: nn.Module, dtype: str | torch.dtype | None = None,
+                                     special_dtypes: dict[str, str | torch.dtype] | None = None) -> int:
+    """Bytes of all the model's buffers (counted as :func:`compute_module_sizes` counts them)."""
+    return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get("", 0)
 
 
 def extract_submodules_state_dict(state_dict: dict[str, torch.Tensor], submodule_names: list[str]) -> dict:

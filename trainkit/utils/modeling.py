@@ -1,9 +1,15 @@
-"""Building a model without allocating its weights: ``init_empty_weights`` / ``init_on_device``."""
+"""Building a model without allocating its weights: ``init_empty_weights`` / ``init_on_device``.
+
+The module is also ``accelerate.utils.modeling``'s path: its size and tying helpers resolve to
+:mod:`trainkit.utils.model_tensors`, and its big-model inference functions (device maps, offload) are named and
+refuse when used (:mod:`trainkit.utils.unsupported`)."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -43,3 +49,30 @@ def init_on_device(device: torch.device | str, include_buffers: bool | None = No
 def init_empty_weights(include_buffers: bool | None = None) -> contextlib.AbstractContextManager:
     """Build modules on the ``meta`` device (shapes only, no memory); materialise them later (e.g. FSDP2)."""
     return init_on_device(torch.device("meta"), include_buffers=include_buffers)
+
+
+_ELSEWHERE = {
+    **{name: "trainkit.utils.model_tensors" for name in (
+        "compute_module_sizes", "convert_file_size_to_int", "dtype_byte_size", "find_tied_parameters",
+        "id_tensor_storage", "load_state_dict", "named_module_tensors", "retie_parameters",
+        "get_non_persistent_buffers", "compute_module_total_buffer_size")},
+    "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
+    "is_peft_model": "trainkit.utils.other",
+    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
+    "get_grad_scaler": "trainkit.utils.environment",
+}
+_REFUSED = (
+    "align_module_device", "calculate_maximum_sizes", "check_device_map", "check_device_same",
+    "check_tied_parameters_in_config", "check_tied_parameters_on_same_device", "clean_device_map",
+    "fallback_allocate", "get_balanced_memory", "get_max_layer_size",
+    "get_max_memory", "get_mixed_precision_context_manager", "get_module_leaves", "get_module_size_with_ties",
+    "get_state_dict_from_offload", "get_state_dict_offloaded_model",
+    "has_offloaded_params", "infer_auto_device_map", "load_offloaded_weights")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ELSEWHERE:
+        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
+    from trainkit.utils.unsupported import refusing_module
+
+    return refusing_module(__name__, _REFUSED)(name)

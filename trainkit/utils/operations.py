@@ -170,7 +170,9 @@ def copy_tensor_to_devices(tensor: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def concatenate(data: list[Any], dim: int = 0) -> Any:
-    """Concatenate a list of same-structured nests of tensors along ``dim``."""
+    """Concatenate a list of same-structured nests of tensors along ``dim`` (a list of one is returned as it is)."""
+    if len(data) == 1:
+        return data[0]
     first = data[0]
     if isinstance(first, (tuple, list)):
         return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
@@ -231,6 +233,9 @@ def save(obj: Any, f: str | os.PathLike, save_on_each_node: bool = False, safe_s
     if safe_serialization:
         from safetensors.torch import save_file
 
-        save_file({k: v.detach().contiguous().cpu() for k, v in obj.items()}, os.fspath(f), metadata={"format": "pt"})
+        from trainkit.utils.model_tensors import clean_state_dict_for_safetensors
+
+        tensors = clean_state_dict_for_safetensors(dict(obj))  # one name per shared storage, with a warning
+        save_file({k: v.detach().cpu() for k, v in tensors.items()}, os.fspath(f), metadata={"format": "pt"})
     else:
         torch.save(obj, f)

@@ -1,16 +1,11 @@
-"""Small general helpers of ``accelerate.utils`` (dictionaries, names, versions, sizes, ports, PEFT models)."""
+"""Small general helpers of ``accelerate.utils`` (dictionaries, names, sizes, ports, PEFT and TP models)."""
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import socket
 from collections.abc import Callable
 from typing import Any
-
-from packaging.version import Version, parse
-
-from trainkit.utils.constants import STR_OPERATION_TO_FUNC
 
 
 def merge_dicts(source: dict, destination: dict) -> dict:
@@ -35,14 +30,15 @@ def get_pretty_name(obj: Any) -> str:
     return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or str(obj)
 
 
-def compare_versions(library_or_version: str | Version, operation: str, requirement_version: str) -> bool:
-    """Compare an installed library's version (by name) or a version with ``requirement_version``."""
-    if operation not in STR_OPERATION_TO_FUNC:
-        raise ValueError(f"compare_versions: operation must be one of {list(STR_OPERATION_TO_FUNC)}, "
-                         f"got {operation!r}")
-    if isinstance(library_or_version, str):
-        library_or_version = parse(importlib.metadata.version(library_or_version))
-    return bool(STR_OPERATION_TO_FUNC[operation](library_or_version, parse(requirement_version)))
+def get_model_tp_size(model: Any) -> int | None:
+    """The tensor-parallel degree a transformers model was loaded with (``from_pretrained(tp_plan=...)`` or
+    ``distributed_config``), or None: ``model.tp_size`` (transformers 4.x), else the config's
+    ``distributed_config.tp_size`` (5.x; a dict after a JSON round trip)."""
+    if getattr(model, "tp_size", None) is not None:
+        return int(model.tp_size)
+    distributed = getattr(getattr(model, "config", None), "distributed_config", None)
+    size = distributed.get("tp_size") if isinstance(distributed, dict) else getattr(distributed, "tp_size", None)
+    return None if size is None else int(size)
 
 
 def convert_bytes(size: float) -> str:
@@ -101,3 +97,12 @@ def compile_regions(module: Any, **compile_kwargs: Any) -> Any:
 def compile_regions_deepspeed(module: Any, **compile_kwargs: Any) -> None:
     """:func:`compile_regions` for the module of a run with a DeepSpeed config (trainkit's is a plain module)."""
     compile_regions(module, **compile_kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    # accelerate.utils.other also holds extract_model_from_parallel; here it loads the engine on first use.
+    if name == "extract_model_from_parallel":
+        from trainkit.utils.operations import extract_model_from_parallel
+
+        return extract_model_from_parallel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 NOT_DRIVEN: dict[str, str] = {}
@@ -44,21 +45,30 @@ NOT_DRIVEN.update({name: _FP8 for name in (
     "apply_fp8_autowrap", "contextual_fp8_autocast", "convert_model", "convert_model_to_fp8_ao",
     "has_transformer_engine_layers", "has_ao_layers", "filter_first_and_last_linear_layers", "torchao_required",
     "check_cuda_fp8_capability")})
-NOT_DRIVEN.update({name: _BNB for name in ("BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers")})
+NOT_DRIVEN.update({name: _BNB for name in (
+    "BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers", "get_quantized_model_device_map",
+    "replace_with_bnb_layers", "get_keys_to_not_convert", "get_parameter_device", "quantize_and_offload_8bit")})
 NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
-    "load_checkpoint_and_dispatch", "load_checkpoint_in_model", "OffloadedWeightsLoader", "PrefixedDataset",
+    "load_checkpoint_and_dispatch", "OffloadedWeightsLoader", "PrefixedDataset",
+    "attach_layerwise_casting_hooks", "get_state_dict_from_offload",
+    "get_state_dict_offloaded_model", "clean_device_map", "check_device_same",
+    "get_module_leaves", "get_module_size_with_ties", "fallback_allocate",
+    # accelerate.hooks: the module hooks big-model inference dispatches with
+    "ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "AlignDevicesHook",
+    "attach_execution_device_hook", "attach_align_device_hook", "remove_hook_from_submodules",
+    "attach_align_device_hook_on_blocks", "CpuOffload", "UserCpuOffloadHook", "LayerwiseCastingHook",
     "check_device_map", "get_balanced_memory", "get_max_memory", "offload_state_dict", "offload_weight",
     "load_offloaded_weight", "load_offloaded_weights", "save_offload_index", "has_offloaded_params",
     "align_module_device", "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
-    "check_tied_parameters_in_config", "get_mixed_precision_context_manager", "set_module_tensor_to_device")})
+    "check_tied_parameters_in_config", "get_mixed_precision_context_manager")})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
-    "TorchTensorParallelPlugin", "TorchTensorParallelConfig", "get_model_tp_size")})
+    "TorchTensorParallelPlugin", "TorchTensorParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
 NOT_DRIVEN.update({name: _PIPPY for name in ("prepare_pippy",)})
 NOT_DRIVEN.update({name: _LAUNCH for name in (
     "PrepareForLaunch", "prepare_multi_gpu_env", "prepare_deepspeed_cmd_env", "prepare_simple_launcher_cmd_env",
-    "set_numa_affinity")})
+    "set_numa_affinity", "setup_fp8_env", "prepare_extend_env_parallelism_config", "env_var_path_add")})
 NOT_DRIVEN.update({name: _FSDP1 for name in (
     "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer", "fsdp2_apply_ac",
     "fsdp2_canonicalize_names", "fsdp2_load_full_state_dict", "fsdp2_prepare_model",
@@ -176,7 +186,6 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "get_max_layer_size": "modules, module_sizes, no_split_module_classes",
     "get_max_memory": "max_memory=None",
     "get_mixed_precision_context_manager": "native_amp=False, autocast_kwargs=None",
-    "get_model_tp_size": "model",
     "has_4bit_bnb_layers": "model",
     "has_ao_layers": "model",
     "has_offloaded_params": "module",
@@ -195,11 +204,6 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
         "offload_folder=None, offload_buffers=False, dtype=None, offload_state_dict=None, skip_keys=None, "
         "preload_module_classes=None, force_hooks=False, strict=False, full_state_dict=True, "
         "broadcast_from_rank0=False"
-    ),
-    "load_checkpoint_in_model": (
-        "model, checkpoint, device_map=None, offload_folder=None, dtype=None, offload_state_dict=False, "
-        "offload_buffers=False, keep_in_fp32_modules=None, offload_8bit_bnb=False, strict=False, "
-        "full_state_dict=True, broadcast_from_rank0=False"
     ),
     "load_fsdp_model": "fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True",
     "load_fsdp_optimizer": (
@@ -228,13 +232,56 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "save_fsdp_model": "fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True",
     "save_fsdp_optimizer": "fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True",
     "save_offload_index": "index, offload_folder",
-    "set_module_tensor_to_device": (
-        "module, tensor_name, device, value=None, dtype=None, fp16_statistics=None, tied_params_map=None, "
-        "non_blocking=False, clear_cache=True"
-    ),
     "set_numa_affinity": "local_process_index, verbose=None",
     "torchao_required": "func",
     "write_basic_config": "mixed_precision='no', save_location=None",
+    # names at the accelerate.hooks, .big_modeling, .utils.bnb, .utils.launch and .utils.modeling paths
+    "AlignDevicesHook": (
+        'execution_device=None, offload=False, io_same_device=False, weights_map=None, offload_buffers=False, '
+        'place_submodules=False, skip_keys=None, tied_params_map=None'
+    ),
+    "CpuOffload": 'execution_device=None, prev_module_hook=None',
+    "LayerwiseCastingHook": 'storage_dtype, compute_dtype, non_blocking',
+    "ModelHook": '*args, **kwargs',
+    "SequentialHook": '*hooks',
+    "UserCpuOffloadHook": 'model, hook',
+    "add_hook_to_module": 'module, hook, append=False',
+    "attach_align_device_hook": (
+        'module, execution_device=None, offload=False, weights_map=None, offload_buffers=False, '
+        "module_name='', skip_keys=None, preload_module_classes=None, tied_params_map=None"
+    ),
+    "attach_align_device_hook_on_blocks": (
+        'module, execution_device=None, offload=False, weights_map=None, offload_buffers=False, '
+        "module_name='', skip_keys=None, preload_module_classes=None, tied_params_map=None"
+    ),
+    "attach_execution_device_hook": (
+        'module, execution_device, skip_keys=None, preload_module_classes=None, tied_params_map=None'
+    ),
+    "attach_layerwise_casting_hooks": (
+        'module, storage_dtype, compute_dtype, skip_modules_pattern=None, skip_modules_classes=None, '
+        'non_blocking=False'
+    ),
+    "check_device_same": 'first_device, second_device',
+    "clean_device_map": "device_map, module_name=''",
+    "env_var_path_add": 'env_var_name, path_to_add',
+    "fallback_allocate": 'modules, module_sizes, size_limit, no_split_module_classes=None, tied_parameters=None',
+    "get_keys_to_not_convert": 'model',
+    "get_module_leaves": 'module_sizes',
+    "get_module_size_with_ties": 'tied_params, module_size, module_sizes, modules_to_treat',
+    "get_parameter_device": 'parameter',
+    "get_quantized_model_device_map": (
+        'model, bnb_quantization_config, device_map=None, max_memory=None, no_split_module_classes=None'
+    ),
+    "get_state_dict_from_offload": "module, module_name, state_dict, device_to_put_offload='cpu'",
+    "get_state_dict_offloaded_model": 'model',
+    "prepare_extend_env_parallelism_config": 'args, current_env',
+    "quantize_and_offload_8bit": (
+        'model, param, param_name, new_dtype, offload_folder, offload_index, fp16_statistics'
+    ),
+    "remove_hook_from_module": 'module, recurse=False',
+    "remove_hook_from_submodules": 'module',
+    "replace_with_bnb_layers": 'model, bnb_quantization_config, modules_to_not_convert=None, current_key_name=None',
+    "setup_fp8_env": 'args, current_env',
 }
 
 
@@ -285,3 +332,20 @@ def refusing_class(name: str) -> type:
 def placeholder(name: str) -> Any:
     """The placeholder for a name of :data:`NOT_DRIVEN`: a class for a capitalised name, else a function."""
     return refusing_class(name) if name[:1].isupper() else refusing_function(name)
+
+
+def refusing_module(module_name: str, names: tuple[str, ...]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of an Accelerate module path whose ``names`` are all features trainkit does not
+    drive (``trainkit.hooks`` for ``accelerate.hooks``...): each name is a placeholder built on first use, so
+    ``from accelerate.hooks import ModelHook`` imports and only using it raises, with the reason."""
+    unknown = [name for name in names if name not in NOT_DRIVEN]
+    if unknown:
+        raise AssertionError(f"{module_name}: no reason recorded for {unknown}")
+    placeholders: dict[str, Any] = {}
+
+    def module_getattr(name: str) -> Any:
+        if name not in names:
+            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+        return placeholders.setdefault(name, placeholder(name))
+
+    return module_getattr

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed import ENGINE_WORKERS, run_torchrun
+from tests.object_store import s3, s3_server  # noqa: F401  (fixtures)
 from tests.engine.checkpoint.test_checkpoint_processes import WORKER, _record, _weights, assert_bitwise_equal, assert_order_continues
 from trainkit.engine.checkpoint import is_complete, latest_complete_checkpoint
 
@@ -26,7 +27,7 @@ EVERY_STEP = ("--save-at", *map(str, range(1, STEPS + 1)), "--fp16")
 PREEMPTED = 75
 
 
-def _run(tmp_path: Path, name: str, project: Path, *extra: str, check: bool = True):
+def _run(tmp_path: Path, name: str, project: Path | str, *extra: str, check: bool = True):
     return run_torchrun(WORKER, "--out", tmp_path, "--name", name, "--project", project, *EVERY_STEP, *extra,
                         nproc=2, check=check)
 
@@ -118,5 +119,51 @@ def test_a_rank_killed_while_the_writers_gather_a_full_state_checkpoint_resumes_
     assert _saved_step(latest_complete_checkpoint(str(checkpoints))) == 2
     assert all(is_complete(str(p)) for p in checkpoints.iterdir() if not p.name.startswith("."))
     _run(tmp_path, "resumed", project, *full, "--async-save", "--resume", "latest", "--seed", "7")
+    assert_bitwise_equal(_weights(tmp_path, "reference"), _weights(tmp_path, "resumed"))
+    assert_order_continues(_record(tmp_path, "reference"), _record(tmp_path, "resumed"), from_step=2)
+
+
+# -- the same faults on the other backends: an object store (S3, moto's server over HTTP) and each node's own folder
+def _newest_saved_step(storage, checkpoints: str) -> int | None:
+    """The optimizer step of the newest complete checkpoint under ``checkpoints`` (read through its storage)."""
+    latest = storage.latest(checkpoints, "checkpoint_")
+    if latest is None:
+        return None
+    document = storage.read_bytes(storage.join(storage.files_at(latest), "custom_checkpoint_0.json"))
+    return json.loads(document)["state"]["optimizer_steps"]
+
+
+@pytest.mark.parametrize("backend", ["s3", "per_node"])
+def test_kills_during_uploads_and_per_node_writes_resume_bitwise(tmp_path, backend, request):
+    """2 gloo processes (CPU), async saves after every step. A rank is SIGKILLed after uploading (or writing into
+    its node's folder) a tensor file, then, in the next run, with every file written and checked but before the
+    commit (the manifest upload; on a disk, the rename). Each time the previous checkpoint stays the newest valid
+    one everywhere, and the run resumed from it ends bitwise as the uninterrupted one."""
+    from tests.distributed import worker_env
+    from trainkit.engine.checkpoint.storage import SharedFolderStorage
+    from trainkit.engine.checkpoint.storage.object_store import ObjectStoreStorage
+
+    if backend == "s3":  # rank 0 uploads the shared files and the manifest
+        bucket = request.getfixturevalue("s3")
+        env, project, layout, victim = worker_env(**bucket.env), f"{bucket.url}/chain", (), 0
+        places = [(ObjectStoreStorage(), f"{project}/checkpoints")]
+    else:  # rank 1 writes and commits its own folder (the other node's)
+        env, project, layout, victim = None, str(tmp_path / "chain"), ("--per-rank-project",), 1
+        places = [(SharedFolderStorage(), str(tmp_path / "chain" / f"rank{rank}" / "checkpoints")) for rank in (0, 1)]
+
+    def run(name, *extra, check=True):
+        return run_torchrun(WORKER, "--out", tmp_path, "--name", name, "--project", project, *EVERY_STEP, *layout,
+                            *extra, nproc=2, check=check, env=env)
+
+    _run(tmp_path, "reference", tmp_path / "reference")
+    for index, (fault, complete_step) in enumerate([(f"{victim}:2:files", 1), (f"{victim}:3:rename", 2)]):
+        resume = ("--resume", "latest", "--seed", str(10 + index)) if index else ()
+        killed = run(f"killed{index}", "--async-save", "--fault", fault, *resume, check=False)
+        assert killed.returncode != 0 and "SIGKILL" in killed.stderr, killed.stderr[-3000:]
+        # The victim's place holds the previous checkpoint as its newest (the other node may have committed its
+        # part of the interrupted one: resuming takes the newest every node holds).
+        steps = [_newest_saved_step(storage, folder) for storage, folder in places]
+        assert steps[victim if len(places) > 1 else 0] == complete_step and min(steps) == complete_step, steps
+    run("resumed", "--resume", "latest", "--seed", "30")
     assert_bitwise_equal(_weights(tmp_path, "reference"), _weights(tmp_path, "resumed"))
     assert_order_continues(_record(tmp_path, "reference"), _record(tmp_path, "resumed"), from_step=2)

@@ -14,7 +14,20 @@ from torch import nn
 
 from trainkit import Accelerator
 from trainkit.engine.checkpoint import CheckpointError, read_manifest, storage
-from trainkit.engine.checkpoint import async_writer, staging, state_io
+from trainkit.engine.checkpoint import async_writer, sinks, staging
+
+
+def _in_writer() -> bool:
+    import threading
+
+    return threading.current_thread().name == async_writer.WRITER_THREAD_NAME
+
+
+def _hold_writer(monkeypatch, gate):
+    """The background writer waits at its first tensor file until ``gate`` is set (synchronous saves do not)."""
+    real_write = sinks.write_tensors_now
+    monkeypatch.setattr(sinks, "write_tensors_now",
+                        lambda *a: (gate.wait(30) if _in_writer() else None, real_write(*a)))
 from trainkit.utils.dataclasses import ProjectConfiguration
 
 
@@ -43,8 +56,8 @@ def _checksums(folder) -> dict[str, str]:
 
 def test_the_default_storage_is_the_atomic_posix_protocol(tmp_path):
     accelerator, _, _ = _setup(tmp_path / "run")
-    io = storage.checkpoint_io_of(accelerator)
-    assert isinstance(io, storage.AtomicPosixIO) and isinstance(io, storage.CheckpointIO)
+    io = accelerator.checkpointer.storage_for(str(tmp_path))
+    assert isinstance(io, storage.SharedFolderStorage) and isinstance(io, storage.CheckpointStorage)
     folder = accelerator.save_state()
     parent = os.path.dirname(folder)
     assert [entry.path for entry in io.list(parent, "checkpoint_")] == [folder]
@@ -71,7 +84,7 @@ def test_a_storage_backend_set_on_the_accelerator_is_used_for_every_step(tmp_pat
     for async_save in (False, True):
         calls.clear()
         accelerator, _, _ = _setup(tmp_path / f"run{async_save}", async_save=async_save)
-        accelerator.checkpoint_io = Recording()
+        accelerator.checkpoint_storage = Recording()
         folder = accelerator.save_state()
         accelerator.load_state(folder)
         assert calls == ["stage", "commit", "read"]
@@ -82,8 +95,7 @@ def test_an_async_save_appears_only_when_committed_and_matches_a_synchronous_one
     asynchronous, model_b, _ = _setup(tmp_path / "async", async_save=True)
     # Hold the writer until the loop has moved on: the checkpoint must hold the state as of save_state().
     gate = __import__("threading").Event()
-    real_write = state_io.write_tensors_now
-    monkeypatch.setattr(async_writer, "write_tensors_now", lambda *a: (gate.wait(30), real_write(*a)))
+    _hold_writer(monkeypatch, gate)
     sync_folder = synchronous.save_state()
     async_folder = asynchronous.save_state()
     assert not os.path.exists(async_folder)  # staged, not yet visible
@@ -94,7 +106,7 @@ def test_an_async_save_appears_only_when_committed_and_matches_a_synchronous_one
     gate.set()
     asynchronous.end_training()  # flushes
     assert _checksums(sync_folder) == _checksums(async_folder)  # byte for byte the same files
-    assert asynchronous._checkpoint_writer.last_durable_s is not None
+    assert asynchronous.checkpointer.writer.last_durable_s is not None
     # Interchangeable: the synchronous checkpoint loads into the async run and vice versa.
     asynchronous.load_state(sync_folder)
     synchronous.load_state(async_folder)
@@ -107,7 +119,7 @@ def test_staging_buffers_are_reused_and_their_size_logged_once(tmp_path, caplog)
     with caplog.at_level(logging.INFO, logger="trainkit.engine.checkpoint.staging"):
         accelerator.save_state()
         accelerator.end_training()
-        pool = accelerator._checkpoint_writer.pool
+        pool = accelerator.checkpointer.writer.pool
         first = {slot: buffer.data_ptr() for slot, buffer in pool._buffers.items()}
         _step(accelerator, model, optimizer)
         accelerator.save_state()
@@ -124,12 +136,12 @@ def test_a_failed_background_write_is_raised_in_the_loop_with_path_and_cause(tmp
     first = accelerator.save_state()
     accelerator.end_training()
 
-    def disk_full(tensors, path):
+    def disk_full(storage, tensors, path):
         raise OSError(errno.ENOSPC, "No space left on device", path)
 
-    monkeypatch.setattr(async_writer, "write_tensors_now", disk_full)
+    monkeypatch.setattr(sinks, "write_tensors_now", disk_full)
     second = accelerator.save_state()
-    accelerator._checkpoint_writer._thread.join()
+    accelerator.checkpointer.writer._thread.join()
     with pytest.raises(CheckpointError) as raised:
         _step(accelerator, model, optimizer)  # the next backward
     message = str(raised.value)
@@ -145,8 +157,7 @@ def test_a_busy_writer_makes_the_next_save_wait_or_skip(tmp_path, monkeypatch, c
     import threading
 
     gate = threading.Event()
-    real_write = state_io.write_tensors_now
-    monkeypatch.setattr(async_writer, "write_tensors_now", lambda *a: (gate.wait(30), real_write(*a)))
+    _hold_writer(monkeypatch, gate)
     skipping, _, _ = _setup(tmp_path / "skip", async_save=True, async_save_when_busy="skip")
     first = skipping.save_state()
     with caplog.at_level(logging.WARNING):
@@ -156,7 +167,7 @@ def test_a_busy_writer_makes_the_next_save_wait_or_skip(tmp_path, monkeypatch, c
     skipping.end_training()
     assert skipping.save_state().endswith("checkpoint_1") and os.path.isdir(first)  # the numbering goes on
     skipping.end_training()
-    writer = skipping._checkpoint_writer
+    writer = skipping.checkpointer.writer
     assert (writer.written, writer.skipped) == (2, 1) and writer.blocked_s_total > 0
 
     gate.clear()
@@ -170,12 +181,12 @@ def test_a_busy_writer_makes_the_next_save_wait_or_skip(tmp_path, monkeypatch, c
 
 
 def test_too_little_host_memory_falls_back_to_a_synchronous_save_and_says_so(tmp_path, monkeypatch, caplog):
-    accelerator, _, _ = _setup(tmp_path / "run", async_save=True)
     monkeypatch.setattr(staging, "available_host_memory", lambda: 100)  # bytes: less than the 604 staged
+    accelerator, _, _ = _setup(tmp_path / "run", async_save=True)  # nothing can be reserved ahead either
     with caplog.at_level(logging.WARNING, logger="trainkit.engine.checkpoint.async_writer"):
         folder = accelerator.save_state()
     assert os.path.isfile(os.path.join(folder, "manifest.json"))  # written before save_state returned
-    assert not accelerator._checkpoint_writer.busy and accelerator._checkpoint_writer.pool.nbytes == 0
+    assert not accelerator.checkpointer.writer.busy and accelerator.checkpointer.writer.pool.nbytes == 0
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "is written synchronously: staging needs" in lines[0]
 
@@ -210,7 +221,8 @@ def _fsdp_async_round_trip(tmp_path, monkeypatch, cpu: bool):
     from trainkit.engine.checkpoint import sharded_io
 
     real_sharded = sharded_io.write_sharded_now
-    monkeypatch.setattr(sharded_io, "write_sharded_now", lambda *a: (gate.wait(30), real_sharded(*a)))
+    monkeypatch.setattr(sharded_io, "write_sharded_now",
+                        lambda *a: (gate.wait(30) if _in_writer() else None, real_sharded(*a)))
     folder = accelerator.save_state()
     with torch.no_grad():
         for parameter in model.parameters():
@@ -221,7 +233,7 @@ def _fsdp_async_round_trip(tmp_path, monkeypatch, cpu: bool):
     accelerator.load_state(folder)
     loaded = {k: v.detach().cpu() for k, v in accelerator.get_state_dict(model).items()}
     assert loaded.keys() == expected.keys() and all(torch.equal(loaded[k], expected[k]) for k in expected)
-    return accelerator._checkpoint_writer.pool
+    return accelerator.checkpointer.writer.pool
 
 
 def test_sharded_state_is_staged_as_dtensors_and_written_by_the_writer(tmp_path, monkeypatch):
@@ -247,13 +259,13 @@ def test_a_skipping_writer_yields_cores_to_training_and_a_waited_for_one_does_no
     import threading
 
     seen = []
-    real_write = state_io.write_tensors_now
+    real_write = sinks.write_tensors_now
 
     def write(*args):
         seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         real_write(*args)
 
-    monkeypatch.setattr(async_writer, "write_tensors_now", write)
+    monkeypatch.setattr(sinks, "write_tensors_now", write)
     accelerator, _, _ = _setup(tmp_path / when_busy, async_save=True, async_save_when_busy=when_busy)
     accelerator.save_state()
     accelerator.end_training()

@@ -28,10 +28,13 @@ from trainkit.engine.checkpoint import (
     rotate_checkpoints,
 )
 from trainkit.engine.checkpoint import sharded_io, state_io
+from trainkit.engine.checkpoint.sinks import WriteNow
+from trainkit.engine.checkpoint.storage import SharedFolderStorage
 from trainkit.engine.checkpoint.rng import capture_rng_state, restore_rng_state
 from trainkit.utils.dataclasses import ProjectConfiguration
 
 PACKAGE = Path(__file__).resolve().parents[3] / "trainkit" / "engine" / "checkpoint"
+DISK = SharedFolderStorage()
 
 
 # -- pickle-free state ------------------------------------------------------------------------------
@@ -39,9 +42,9 @@ def test_state_round_trips_through_json_and_safetensors(tmp_path):
     state = {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(2, 3)}},
              "param_groups": [{"betas": (0.9, 0.999), "lr": 0.1, "params": [0], "foreach": None}],
              "odd": [math.inf, -math.inf, np.float32(0.5), np.arange(3), "text", True, {"__tensor__": "not one"}]}
-    files = state_io.save_state(state, str(tmp_path), "thing")
+    files = state_io.save_state(WriteNow(DISK), state, str(tmp_path), "thing")
     assert files == ["thing.json", "thing.safetensors"]
-    again = state_io.load_state(str(tmp_path), "thing")
+    again = state_io.load_state(DISK, str(tmp_path), "thing")
     assert again["param_groups"] == state["param_groups"]  # tuples stay tuples, ints stay ints
     assert torch.equal(again["state"][0]["exp_avg"], state["state"][0]["exp_avg"])
     assert again["odd"][:2] == [math.inf, -math.inf] and again["odd"][2:6] == [0.5, [0, 1, 2], "text", True]
@@ -52,7 +55,7 @@ def test_state_round_trips_through_json_and_safetensors(tmp_path):
 
 def test_state_that_would_need_pickle_is_refused_with_its_path(tmp_path):
     with pytest.raises(TypeError, match=r"function at '/schedule/0'"):
-        state_io.save_state({"schedule": [lambda step: step]}, str(tmp_path), "bad")
+        state_io.save_state(WriteNow(DISK), {"schedule": [lambda step: step]}, str(tmp_path), "bad")
 
 
 def test_rng_states_round_trip_as_json():
@@ -65,7 +68,7 @@ def test_rng_states_round_trip_as_json():
 
 def test_no_code_path_unpickles():
     """Static guard: no pickle.load and no torch.load without weights_only=True in the checkpoint code."""
-    sources = {path.name: path.read_text() for path in PACKAGE.glob("*.py")}
+    sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in PACKAGE.rglob("*.py")}
     sources["merge_weights.py"] = (PACKAGE.parents[1] / "cli" / "merge_weights.py").read_text()
     for name, text in sources.items():
         assert "pickle.load(" not in text and "pickle.loads(" not in text, name
@@ -99,7 +102,7 @@ def _make(parent: Path, number: int, prefix: str = "checkpoint_") -> str:
 def test_commit_writes_a_manifest_last_and_renames_once(tmp_path):
     folder = _make(tmp_path, 1)
     assert sorted(os.listdir(folder)) == ["manifest.json", "weights.bin"]
-    manifest = state_io.read_json(os.path.join(folder, "manifest.json"))
+    manifest = state_io.read_json(DISK, os.path.join(folder, "manifest.json"))
     assert manifest["files"]["weights.bin"]["size"] == 10 and len(manifest["files"]["weights.bin"]["sha256"]) == 64
     assert not [name for name in os.listdir(tmp_path) if name.startswith(".")]
     with pytest.raises(CheckpointError, match="never written into an existing folder"):
@@ -187,7 +190,7 @@ def test_saving_before_any_step_leaves_the_optimizer_untouched(tmp_path):
     accelerator, model, optimizer = _setup()
     accelerator.save_state(tmp_path / "ckpt")
     assert not optimizer.state
-    assert state_io.load_state(str(tmp_path / "ckpt"), "optimizer")["state"] == {}
+    assert state_io.load_state(DISK, str(tmp_path / "ckpt"), "optimizer")["state"] == {}
 
 
 def test_loading_into_a_different_model_names_the_keys_and_changes_nothing(tmp_path):

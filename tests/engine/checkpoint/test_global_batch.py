@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainkit import Accelerator
-from trainkit.engine.checkpoint.global_batch import BatchShape, GlobalBatchError, keep_global_batch, saved_batch_shape
+from trainkit.engine.checkpoint.global_batch import BatchShape, GlobalBatchError, keep_global_batch
 
 
 def test_the_same_world_size_changes_nothing():
@@ -49,9 +49,9 @@ def test_a_checkpoint_records_world_size_accumulation_and_the_loaders_global_bat
     loader = DataLoader(TensorDataset(torch.randn(12, 2)), batch_size=4)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     folder = accelerator.save_state(tmp_path / "ckpt")
-    assert saved_batch_shape(folder) == BatchShape(world_size=1, loader_global_batch=4, accumulation=3)
-    assert saved_batch_shape(folder, accumulation=5).accumulation == 5  # the Trainer's own record wins
-    assert saved_batch_shape(str(tmp_path)) is None  # no engine state there
+    assert accelerator.checkpointer.saved_batch_shape(folder) == BatchShape(world_size=1, loader_global_batch=4, accumulation=3)
+    assert accelerator.checkpointer.saved_batch_shape(folder, accumulation=5).accumulation == 5  # the Trainer's own record wins
+    assert accelerator.checkpointer.saved_batch_shape(str(tmp_path)) is None  # no engine state there
     accelerator.load_state(folder)  # same world size: the configured accumulation stays
     assert accelerator.gradient_accumulation_steps == 3
     assert accelerator.config.source_of("gradient_accumulation_steps") == "Accelerator(gradient_accumulation_steps=)"

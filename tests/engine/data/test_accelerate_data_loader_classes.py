@@ -146,3 +146,53 @@ def test_data_loader_dispatcher_on_one_process_reads_and_slices_global_batches()
     assert loader.end_of_dataloader and loader.total_batch_size == 2
     with pytest.raises(ValueError, match="slice_fn"):
         DataLoaderDispatcher(Stream(), slice_fn=lambda *a: a)
+
+
+class _EpochBatches(BatchSampler):
+    """A script's batch sampler whose order depends on the epoch it is told (as samplers with set_epoch do)."""
+
+    def __init__(self, size: int, batch_size: int) -> None:
+        super().__init__(range(size), batch_size, drop_last=False)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(len(self.sampler), generator=torch.Generator().manual_seed(100 + self.epoch)).tolist()
+        return (order[i:i + self.batch_size] for i in range(0, len(order), self.batch_size))
+
+
+def test_data_loader_dispatcher_reads_with_a_batch_sampler():
+    """One process (CPU): the main process reads the script's batch sampler's batches (the same as Accelerate's
+    dispatcher for a plain BatchSampler); set_epoch reaches an epoch-aware batch sampler at once and each pass
+    reads that epoch's order; a skip_first_batches view keeps the loader's iteration and skips in its order."""
+    from trainkit.data_loader import skip_first_batches
+
+    dataset = list(range(10))
+    plain = BatchSampler(range(10), 4, drop_last=False)
+    ours = [b.tolist() for b in DataLoaderDispatcher(dataset, batch_sampler=plain)]
+    assert ours == [b.tolist() for b in accelerate_data_loader.DataLoaderDispatcher(dataset, batch_sampler=plain)]
+    assert ours == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+    def order(epoch: int) -> list[list[int]]:
+        return [part.tolist() for part in torch.randperm(10, generator=torch.Generator().manual_seed(100 + epoch)).split(4)]
+
+    loader = DataLoaderDispatcher(dataset, batch_sampler=_EpochBatches(10, 4))
+    loader.set_epoch(3)
+    assert loader.batch_sampler.epoch == 3 and loader.iteration == 3
+    skipped = skip_first_batches(loader, 1)
+    assert skipped.iteration == 3
+    assert [b.tolist() for b in skipped] == order(3)[1:]
+    assert loader.iteration == 4  # a finished pass moves to the next epoch
+    assert [b.tolist() for b in loader] == order(4) and loader.batch_sampler.epoch == 4
+
+
+def test_data_loader_dispatcher_batch_sampler_on_several_processes_needs_split_batches():
+    from trainkit.engine.data.loader import _dispatched_batch_size
+
+    assert _dispatched_batch_size(_EpochBatches(10, 4), None, split_batches=True, world=2) == 4
+    with pytest.raises(ValueError, match="split_batches=True"):
+        _dispatched_batch_size(_EpochBatches(10, 4), None, split_batches=False, world=2)
+    with pytest.raises(ValueError, match="multiple of the 3 processes"):
+        _dispatched_batch_size(_EpochBatches(10, 4), None, split_batches=True, world=3)

@@ -79,10 +79,11 @@ for sample in eval_loader:
     remainder_at_end = accelerator.gradient_state.remainder  # the last batch's value is what counts
 report["full_last_batch_kept"] = [remainder_at_end, kept.tolist()]
 
-with tempfile.TemporaryDirectory() as own_folder:  # a different path on each rank
+with tempfile.TemporaryDirectory() as own_folder:  # a different path on each rank: each keeps its part there
     try:
         accelerator.save_state(own_folder)
-        report["per_rank_folders"] = "no error"
+        accelerator.load_state(own_folder)
+        report["per_rank_folders"] = sorted(os.listdir(own_folder))
     except CheckpointError as error:
         report["per_rank_folders"] = str(error)
 (OUT / f"report_rank{rank}.json").write_text(json.dumps(report))

@@ -11,6 +11,8 @@ after optimizer step STEP, rank RANK meets POINT: ``files`` (SIGKILL after writi
 (SIGKILL while the writers gather a FULL_STATE_DICT checkpoint's shards onto rank 0), ``sigterm``
 (SIGTERM to itself while writing: a preemption), ``disk-full`` (the write fails with ENOSPC).
 ``--check-preemption``: call ``accelerator.check_preemption()`` after every optimizer step.
+``--project`` may be an object-store URL (``s3://bucket/run``); ``--per-rank-project``: each rank keeps its checkpoints
+in its own folder ``PROJECT/rank{r}`` (each node's own disk).
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ def build_model() -> nn.Module:
 
 
 def make_accelerator(args: argparse.Namespace) -> Accelerator:
-    project = ProjectConfiguration(project_dir=args.project, automatic_checkpoint_naming=True, total_limit=args.total_limit,
+    project_dir = f"{args.project}/rank{os.environ.get('RANK', '0')}" if args.per_rank_project else args.project
+    project = ProjectConfiguration(project_dir=project_dir, automatic_checkpoint_naming=True, total_limit=args.total_limit,
                                    async_save=args.async_save)
     kwargs = {}
     if args.fsdp:
@@ -104,20 +107,22 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
     import threading
     import time
 
-    from trainkit.engine.checkpoint import async_writer, atomic
+    from trainkit.engine.checkpoint import async_writer, sinks
+    from trainkit.engine.checkpoint.storage.manifest import MANIFEST_NAME
 
     rank, step, point = spec.split(":")
     if int(rank) != accelerator.process_index:
         return
     log = logging.getLogger("ckpt_train")
+    storage_class = type(accelerator.checkpointer.storage_for(accelerator.project_configuration.project_dir))
 
-    # The writer runs while the loop goes on: the checkpoint is recognised by its staging folder's name.
+    # The writer runs while the loop goes on: the checkpoint is recognised by its name in the paths written.
     armed_folder: list[str] = []
     real_save_state = accelerator.save_state
 
     def save_state(*a, **kw):
         if progress.optimizer_steps == int(step) and not armed_folder:
-            armed_folder.append(f".checkpoint_{accelerator.project_configuration.iteration}.staging")
+            armed_folder.append(f"checkpoint_{accelerator.project_configuration.iteration}")
             saved = real_save_state(*a, **kw)
             if point == "loop":
                 loop_may_die.set()  # the writer is held (below): this save is in flight at the next backward
@@ -127,17 +132,18 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
     accelerator.save_state = save_state
 
     def armed(path: str) -> bool:
-        return (threading.current_thread().name == async_writer.WRITER_THREAD_NAME and bool(armed_folder)
-                and armed_folder[0] in path)
+        name = armed_folder[0] if armed_folder else None
+        return (threading.current_thread().name == async_writer.WRITER_THREAD_NAME and name is not None
+                and (f"/{name}/" in path or f"/.{name}.staging/" in path))
 
     def die(where: str) -> None:
         log.warning("rank %s: SIGKILL %s, in the background write of the step-%s checkpoint", rank, where, step)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    real_write, real_hash, real_json = async_writer.write_tensors_now, atomic._hash_file, atomic.write_json
-    real_text = async_writer.write_text_now
+    real_write, real_checksum = sinks.write_tensors_now, storage_class.checksum
+    real_bytes, real_publish = storage_class.write_bytes, storage_class._publish
 
-    def write_tensors(tensors, path):
+    def write_tensors(storage, tensors, path):
         if armed(path) and point == "disk-full":
             raise OSError(errno.ENOSPC, "No space left on device", path)
         if armed(path) and point == "sigterm" and not signalled:
@@ -145,44 +151,48 @@ def install_fault(accelerator: Accelerator, spec: str, progress: Progress) -> No
             log.warning("rank %s: SIGTERM while writing the step-%s checkpoint", rank, step)
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(1.0)  # the loop goes on meanwhile and sees the signal at its next check
-        real_write(tensors, path)
+        real_write(storage, tensors, path)
         if armed(path) and point == "files":
             die(f"after writing {os.path.basename(path)}")
 
-    def hash_file(path):
+    def checksum(self, path):
         if armed(path) and point == "hash":
             die(f"while checksumming {os.path.basename(path)}")
-        return real_hash(path)
+        return real_checksum(self, path)
 
-    def write_text(text, path, **kwargs):
+    def write_bytes(self, path, data, **kwargs):
         if armed(path) and point == "loop":
             time.sleep(60)  # the writer is held at its first file: the training loop kills the process meanwhile
-        real_text(text, path, **kwargs)
+        real_bytes(self, path, data, **kwargs)
 
-    def write_json(data, path):
-        real_json(data, path)
-        if armed(path) and point == "rename" and path.endswith(atomic.MANIFEST_NAME):
-            die("with the manifest written, before the rename")
+    def publish(self, staging, final_dir, manifest):
+        if armed(staging + "/") and point == "rename":
+            # On a disk: with the manifest written, before the rename; in an object store: before the manifest.
+            if hasattr(self, "local_path") and self.local_path(staging) is not None:
+                real_bytes(self, os.path.join(staging, MANIFEST_NAME), self.manifest_bytes(manifest))
+                die("with the manifest written, before the rename")
+            die("with every file uploaded and checked, before the manifest")
+        return real_publish(self, staging, final_dir, manifest)
 
-    # The gather has no path: the writer's staging folder of the moment tells which checkpoint it gathers.
+    # The gather has no path: the writer's staging location of the moment tells which checkpoint it gathers.
     writing: list[str] = [""]
     real_background_write, real_gather = async_writer.BackgroundCheckpointWriter._write, async_writer.gather_full
 
-    def background_write(self, io, recorder, staging, *rest):
-        writing[0] = staging
-        return real_background_write(self, io, recorder, staging, *rest)
+    def background_write(self, storage, recorder, *rest):
+        writing[0] = recorder.root + "/"
+        return real_background_write(self, storage, recorder, *rest)
 
-    def gather_full(tensors, mesh):
+    def gather_full(tensors, mesh, keep):
         if armed(writing[0]) and point == "gather":
             die("while the writers gather the shards onto rank 0")
-        return real_gather(tensors, mesh)
+        return real_gather(tensors, mesh, keep)
 
     async_writer.BackgroundCheckpointWriter._write = background_write
     async_writer.gather_full = gather_full
     loop_may_die = threading.Event()
     signalled: list[str] = []
-    async_writer.write_tensors_now, atomic._hash_file, atomic.write_json = write_tensors, hash_file, write_json
-    async_writer.write_text_now = write_text
+    sinks.write_tensors_now = write_tensors
+    storage_class.checksum, storage_class.write_bytes, storage_class._publish = checksum, write_bytes, publish
     if point == "loop":
         real_backward = accelerator.backward
 
@@ -213,6 +223,8 @@ def main() -> int:
     parser.add_argument("--async-save", action="store_true")
     parser.add_argument("--fault", default=None, help="RANK:STEP:POINT (see the module doc)")
     parser.add_argument("--check-preemption", action="store_true")
+    parser.add_argument("--per-rank-project", action="store_true",
+                        help="each rank's checkpoints in PROJECT/rank{r} (each node's own disk)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK', 0)}] %(name)s %(levelname)s: %(message)s")
 

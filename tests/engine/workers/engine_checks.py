@@ -143,7 +143,7 @@ def collective_checks(acc: Accelerator) -> dict:
         "trigger": [trigger, trigger_again],
         "main_first": main_first,
         "main_only": main_only,
-        "shared_state": Accelerator().state is acc.state,
+        "shared_state": Accelerator().state.__dict__ is acc.state.__dict__,
     }
 
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainkit import Accelerator, FullyShardedDataParallelPlugin
-from trainkit.engine.checkpoint import read_manifest, state_io
+from trainkit.engine.checkpoint import read_manifest, sinks
 from trainkit.engine.checkpoint import async_writer
 from trainkit.utils.dataclasses import ProjectConfiguration
 
@@ -50,11 +50,12 @@ def main(out: str) -> None:
     # Hold rank 0's writer before it writes the gathered file: the loop takes steps (collectives on the training
     # group) meanwhile, so the gather on the writer's group runs while training goes on.
     gate = threading.Event()
-    real_write = state_io.write_tensors_now
-    async_writer.write_tensors_now = lambda *args: (gate.wait(60), real_write(*args))  # type: ignore[assignment]
+    real_write = sinks.write_tensors_now
+    in_writer = lambda: threading.current_thread().name == async_writer.WRITER_THREAD_NAME  # noqa: E731
+    sinks.write_tensors_now = lambda *args: (gate.wait(60) if in_writer() else None, real_write(*args))
     accelerator.project_configuration.async_save = True
     folder = accelerator.save_state(f"{out}/async")
-    staged = accelerator._checkpoint_writer.pool.nbytes
+    staged = accelerator.checkpointer.writer.pool.nbytes
     for _ in range(3):
         step()  # changes every parameter: the checkpoint must hold the state as of save_state()
     gate.set()

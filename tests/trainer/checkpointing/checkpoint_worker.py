@@ -64,14 +64,16 @@ def stop_and_resume(kind: str, **extra) -> None:
 
 def kill_rank1_while_writing(step: int) -> None:
     """Make rank 1 die after writing its share of checkpoint-``step`` but before the checkpoint is committed."""
-    original = checkpoints.write_state_files
+    from trainkit.engine.checkpoint import StagedCheckpoint
 
-    def write_then_die(accelerator, staging, *args, **kwargs):
-        original(accelerator, staging, *args, **kwargs)
-        if RANK == 1 and os.path.basename(staging) == f".checkpoint-{step}.staging":
+    original = StagedCheckpoint.write_engine_state
+
+    def write_then_die(staged, *args, **kwargs):
+        original(staged, *args, **kwargs)
+        if RANK == 1 and os.path.basename(staged.path) == f".checkpoint-{step}.staging":
             os.kill(os.getpid(), signal.SIGKILL)
 
-    checkpoints.write_state_files = write_then_die
+    StagedCheckpoint.write_engine_state = write_then_die
 
 
 def restart() -> None:

@@ -174,14 +174,14 @@ def test_an_explicit_save_state_folder_damaged_since_is_set_aside_and_foreign_fo
 
 def test_automatic_resume_hashes_the_chosen_checkpoint_once(tmp_path, monkeypatch):
     """The finder checksums the candidate; loading it then checks sizes only (CPU)."""
-    from trainkit.engine.checkpoint import atomic
+    from trainkit.engine.checkpoint.storage import SharedFolderStorage
 
     output_dir = str(tmp_path / "out")
     make_trainer(output_dir, max_steps=3, stop_after=2, eval_strategy="no").train()
     chosen = checkpoints.checkpoint_folder(output_dir, 2)
     hashed: list[str] = []
-    original = atomic._hash_file
-    monkeypatch.setattr(atomic, "_hash_file", lambda path: (hashed.append(path), original(path))[1])
+    original = SharedFolderStorage.checksum
+    monkeypatch.setattr(SharedFolderStorage, "checksum", lambda self, path: (hashed.append(path), original(self, path))[1])
     make_trainer(output_dir, max_steps=3, eval_strategy="no").train(resume_from_checkpoint=True)
     in_chosen = [path for path in hashed if os.path.dirname(path) == chosen]
     assert in_chosen and len(in_chosen) == len(set(in_chosen))  # every file once

@@ -237,6 +237,18 @@ def p_async_save(tmp_path, monkeypatch):
     assert all(thread != main for thread, _ in commits), commits  # written in the background (default: here)
 
 
+def p_checkpoint_dir(tmp_path):
+    """checkpoint-N goes to checkpoint_dir (here an in-memory object store, fsspec's memory://), not output_dir."""
+    import uuid
+
+    from trainkit.engine.checkpoint.storage.object_store import ObjectStoreStorage
+
+    store = f"memory://proof-{uuid.uuid4().hex[:8]}/run"
+    quick(tmp_path, max_steps=2, save_strategy="steps", checkpoint_dir=store).train()
+    assert [entry.number for entry in ObjectStoreStorage().list(store, "checkpoint-") if entry.complete] == [1, 2]
+    assert not checkpoints(tmp_path / "out")
+
+
 def p_async_save_when_busy(tmp_path, monkeypatch):
     """A background write slowed to 0.5 s: with 'skip', the saves that find it still running are skipped."""
     import time
@@ -325,7 +337,9 @@ def p_ignore_data_skip(tmp_path):
 
 
 def p_callback_states(tmp_path):
-    class Counter(TrainerCallback):
+    from trainkit.trainer import ExportableState
+
+    class Counter(TrainerCallback, ExportableState):  # stored in trainer_state.json, as transformers stores one
         def __init__(self):
             self.count = 0
 
@@ -340,9 +354,9 @@ def p_callback_states(tmp_path):
     first.train()
     resumed = make_trainer(str(tmp_path / "out"), max_steps=4, eval_strategy="no",
                            restore_callback_states_from_checkpoint=True)
-    counter = Counter()
-    resumed.add_callback(counter)
+    resumed.add_callback(Counter())
     resumed.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    counter = resumed.pop_callback(Counter)  # restoring rebuilds the callback from its state, as transformers does
     assert counter.count == 2 + 2  # the saved count, restored, plus the 2 steps after the resume (default: 2)
 
 

@@ -242,28 +242,32 @@ def _register(hooks: OrderedDict, hook: Callable[..., None]) -> RemovableHandle:
 def run_save_state_pre_hooks(accelerator: Any, models: Sequence[nn.Module], output_dir: str) -> None:
     """Called by ``save_state``: each registered hook sees the models, their state dicts and the folder.
 
-    A hook may add files; it may not take models out of the lists (trainkit checkpoints every prepared model,
-    so that ``load_state`` can check it restores all of them)."""
+    A hook may write files of its own there and, as Accelerate's hooks do when they save a model in their own
+    format (diffusers, PEFT), take models and weights out of the lists. trainkit still writes every prepared
+    model (so the checkpoint stays complete and is verified as a whole); the hook's files are an extra copy."""
     hooks = accelerator.__dict__.get("_save_state_pre_hooks")
     if not hooks:
         return
-    listed = list(models)
+    listed = _as_hooks_see_them(accelerator, models)
     weights = [accelerator.get_state_dict(model) for model in listed]
     for hook in list(hooks.values()):
         hook(listed, weights, output_dir)
-    if len(listed) != len(models) or len(weights) != len(models):
-        raise NotImplementedError("a save_state pre-hook removed models or weights from its lists: trainkit saves "
-                                  "every prepared model (a hook may write extra files only).")
 
 
 def run_load_state_pre_hooks(accelerator: Any, models: Sequence[nn.Module], input_dir: str) -> None:
-    """Called by ``load_state`` before anything is loaded (a hook may not take models out of the list)."""
+    """Called by ``load_state`` before anything is loaded. A hook may load models itself and take them out of
+    the list, as in Accelerate; trainkit then restores every prepared model from its own files, which hold the
+    same weights the hook read (both were written by the same ``save_state``)."""
     hooks = accelerator.__dict__.get("_load_state_pre_hooks")
     if not hooks:
         return
-    listed = list(models)
+    listed = _as_hooks_see_them(accelerator, models)
     for hook in list(hooks.values()):
         hook(listed, input_dir)
-    if len(listed) != len(models):
-        raise NotImplementedError("a load_state pre-hook removed models from its list: trainkit loads every "
-                                  "prepared model from the checkpoint.")
+
+
+def _as_hooks_see_them(accelerator: Any, models: Sequence[nn.Module]) -> list[nn.Module]:
+    """The script's own modules, outside DDP: hooks call their methods (``save_pretrained``, ``load_adapter``).
+    Accelerate passes the DDP wrapper on several GPUs but, having no DDP on CPU processes, the module itself there;
+    trainkit trains CPU processes with DDP too, so it always passes the module (``unwrap_model`` of it is itself)."""
+    return [accelerator.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=True) for model in models]

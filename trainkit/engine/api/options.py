@@ -22,7 +22,6 @@ from trainkit.utils.dataclasses import (
     InitProcessGroupKwargs,
     KwargsHandler,
     ProfileKwargs,
-    ProjectConfiguration,
 )
 
 logger = logging.getLogger(__name__)
@@ -104,12 +103,9 @@ def resolve_compat_options(
     return options
 
 
-def announce_dataloader_options(config: DataLoaderConfiguration, project: ProjectConfiguration) -> None:
+def announce_dataloader_options(config: DataLoaderConfiguration) -> None:
     """One line for each option that changes nothing in trainkit (see docs/migrating-from-accelerate.md)."""
     if config.dispatch_batches:
         logger.warning("DataLoaderConfiguration(dispatch_batches=True): iterable datasets are read by the main "
                        "process and dispatched; map-style datasets are read by each process (its own part of the "
                        "same batches).")
-    if project.save_on_each_node:
-        logger.warning("ProjectConfiguration(save_on_each_node=True): trainkit writes each checkpoint once, into "
-                       "one folder; machines need a shared filesystem for multi-machine checkpoints.")

@@ -29,27 +29,35 @@ class TrackerAPI:
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
-        """Start the JSONL tracker and those named in ``log_with`` (main process only)."""
-        if self.is_main_process:
-            logging_dir = self.logging_dir or self.project_dir or "runs"
-            self.trackers = start_trackers(project_name, logging_dir, self.log_with, init_kwargs, config)
+        """Build the JSONL tracker and those named in ``log_with`` on every process and start them: the built-in
+        ones create their runs on the main process only (so ``get_tracker`` answers everywhere, as in Accelerate)."""
+        logging_dir = self.logging_dir or self.project_dir or "runs"
+        self.trackers = start_trackers(project_name, logging_dir, self.log_with, init_kwargs, config)
 
-    def get_tracker(self, name: str, unwrap: bool = False) -> GeneralTracker:
-        """The started tracker called ``name``."""
-        return find_tracker(self.trackers, name)
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called ``name``: trainkit's tracker object, or with ``unwrap`` the library's own
+        (TensorBoard's ``SummaryWriter``, the W&B run, MLflow's active run; on other processes than the main one
+        it does not exist). Before ``init_trackers``, an empty ``GeneralTracker``, as in Accelerate."""
+        if not self.trackers:
+            return GeneralTracker(_blank=True)
+        tracker: Any = find_tracker(self.trackers, name)
+        return tracker.tracker if unwrap else tracker
 
     def log(self, values: dict[str, Any], step: int | None = None, log_kwargs: dict[str, dict] | None = None) -> None:
         """Send values to every tracker (main process only; nested dicts as each tracker groups them)."""
+        if not self.is_main_process:
+            return
         for tracker in self.trackers:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def end_training(self) -> None:
         """Finish the checkpoint being written in the background (raising its error), flush and close the
         trackers; stop handling preemption signals."""
-        from trainkit.engine.checkpoint.async_writer import flush_background_writes
         from trainkit.engine.process.preemption import stop_watching
 
-        flush_background_writes(self)
+        finish_checkpoints = getattr(self, "_checkpoints_at_end", None)  # the Accelerator's CheckpointAPI
+        if finish_checkpoints is not None:
+            finish_checkpoints()
         stop_watching(self)
         for tracker in self.trackers:
             tracker.finish()

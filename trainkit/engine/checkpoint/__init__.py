@@ -1,12 +1,17 @@
-"""Checkpoints that never lose work: atomic folders, pickle-free state, exact and reshardable resume.
+"""Checkpoints that never lose work: atomic, pickle-free, exact and reshardable, in any storage.
 
-Public pieces: the atomic writer and finder (:mod:`.atomic`, shared with the Trainer's
-``checkpoint-N`` folders), the storage seam (:mod:`.storage`: ``CheckpointIO``, default ``AtomicPosixIO``),
-asynchronous saves (:mod:`.async_writer`, :mod:`.staging`), the Accelerator's state (:mod:`.accelerator_state`),
-and the errors.
+The face is the Accelerator's :class:`.checkpointer.Checkpointer` (``accelerator.checkpointer``): ``save_state`` /
+``load_state`` and the Trainer's ``checkpoint-N`` folders both go through it. Storage backends live in
+:mod:`.storage` (a shared folder, each node's own disk, object stores). For code that writes its own checkpoint
+folders on a disk, the shared-folder protocol is also available as functions (:mod:`.atomic`), with the errors.
 """
 
-from .accelerator_state import load_accelerator_state, save_accelerator_state, write_state_files
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .accelerator_state import write_state_files
 from .atomic import (
     MANIFEST_NAME,
     CheckpointEntry,
@@ -20,31 +25,65 @@ from .atomic import (
     rotate_checkpoints,
     verify_checkpoint,
 )
+from .checkpointer import Checkpointer
 from .errors import (
     CheckpointError,
     CheckpointMismatchError,
     CorruptedCheckpointError,
     IncompleteCheckpointError,
 )
-from .resume_folder import find_resume_folder, latest_checkpoint_in, restart_count
-from .storage import AtomicPosixIO, CheckpointIO
+from .global_batch import BatchShape, GlobalBatchError, keep_global_batch
+from .resume_folder import (
+    ACCELERATOR_CONVENTION,
+    TRAINER_CONVENTION,
+    FolderConvention,
+    elastic_reason,
+    find_resume_folder,
+    latest_checkpoint_in,
+    restart_count,
+)
+from .staged import StagedCheckpoint
+from .storage import AtomicPosixIO, CheckpointIO, CheckpointStorage
+from .storage.registry import check_location
+
+
+def save_accelerator_state(accelerator: Any, output_dir: str | os.PathLike | None = None, **kwargs: Any) -> str | None:
+    """``accelerator.checkpointer.save_state(output_dir, ...)``."""
+    return accelerator.checkpointer.save_state(output_dir, **kwargs)
+
+
+def load_accelerator_state(accelerator: Any, input_dir: str | os.PathLike | None = None, **kwargs: Any) -> str | None:
+    """``accelerator.checkpointer.load_state(input_dir, ...)``."""
+    return accelerator.checkpointer.load_state(input_dir, **kwargs)
+
 
 __all__ = [
+    "ACCELERATOR_CONVENTION",
     "MANIFEST_NAME",
+    "TRAINER_CONVENTION",
     "AtomicPosixIO",
-    "CheckpointIO",
+    "BatchShape",
+    "GlobalBatchError",
     "CheckpointEntry",
     "CheckpointError",
+    "CheckpointIO",
     "CheckpointMismatchError",
+    "CheckpointStorage",
+    "Checkpointer",
     "CorruptedCheckpointError",
+    "FolderConvention",
     "IncompleteCheckpointError",
+    "StagedCheckpoint",
     "atomic_checkpoint",
+    "check_location",
     "begin_checkpoint",
     "commit_checkpoint",
-    "is_complete",
-    "latest_complete_checkpoint",
+    "elastic_reason",
     "find_resume_folder",
+    "is_complete",
+    "keep_global_batch",
     "latest_checkpoint_in",
+    "latest_complete_checkpoint",
     "list_checkpoints",
     "load_accelerator_state",
     "read_manifest",

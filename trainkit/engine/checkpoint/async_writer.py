@@ -36,25 +36,29 @@ import torch.distributed as dist
 
 from trainkit.config.values import check_async_save_when_busy
 
-from .atomic import _all_gather
 from .background_gather import WriterMesh, gather_full
 from .errors import CheckpointError
-from .staging import DeferredWrites, HostBufferPool, describe, recording, staging_fits
-from .state_io import write_tensors_now, write_text_now
-from .storage import CheckpointIO
+from .sinks import FileSink, WriteNow
+from .staging import DeferredWrites, HostBufferPool, staging_fits
+from .storage.base import CheckpointStorage
+from .storage.ranks import Ranks, describe
 
 logger = logging.getLogger(__name__)
 
 WRITER_THREAD_NAME = "trainkit-checkpoint-writer"
 
-WriteFiles = Callable[[str], None]
-"""Writes a checkpoint's files into the staging folder it is given (every rank calls it)."""
+Capture = Callable[[FileSink, str], None]
+"""Fills a checkpoint: called with the sink to write through and the staging location (every rank calls it)."""
 AfterCommit = Callable[[str], None]
-"""Runs on every rank once the checkpoint is visible (rotation, uploads); it is given the final folder."""
+"""Runs once the checkpoint is visible (rotation, uploads), on the process that wrote its shared files (rank 0; each
+node's first with each node's own folder); it is given the final folder."""
 
 
 class BackgroundCheckpointWriter:
-    """One process's background checkpoint writer: at most one save in flight, its error kept for the loop."""
+    """One process's background checkpoint writer: at most one save in flight, its error kept for the loop.
+
+    Made by the Accelerator's :class:`~.checkpointer.Checkpointer` when ``async_save`` is on; the loop reaches it
+    through that object (``raise_pending_error`` at every ``backward``), never through ambient state."""
 
     def __init__(self, when_busy: str = "wait") -> None:
         self.when_busy = check_async_save_when_busy(when_busy, where="the background checkpoint writer")
@@ -95,38 +99,57 @@ class BackgroundCheckpointWriter:
             self._thread = None
         self.raise_pending_error()
 
+    def writer_ranks(self, ranks: Ranks) -> Ranks:
+        """``ranks`` on the writer's own process group (the same processes, so the same ranks)."""
+        if ranks.solo:
+            return ranks  # the main process alone: no collective, no group (the others are not here to make one)
+        group = self.prepare_group()
+        return ranks if group is None else Ranks(ranks.members, ranks.me, group)
+
+    def prepare_group(self) -> Any:
+        """Collective, once: a gloo group of every process for the writer's collectives (and a device mesh over it
+        for the gathers), made ahead of the first save when the objects are prepared."""
+        if not self._group_ready:
+            self._group_ready = True
+            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+                self._group = dist.new_group(backend="gloo")
+                self._mesh = WriterMesh(self._group)
+        return self._group
+
     # -- saving -----------------------------------------------------------------------------------------
-    def save(self, io: CheckpointIO, final_dir: str, write_files: WriteFiles, *, metadata: dict[str, Any] | None,
-             replace: bool = False, set_aside_damaged: bool = False, after_commit: AfterCommit | None = None) -> str | None:
-        """Collective: capture the checkpoint and start writing it in the background; return its final folder
-        (visible once written), or None when skipped because another save is in flight (``when_busy="skip"``)."""
+    def save(self, storage: CheckpointStorage, ranks: Ranks, final_dir: str, capture: Capture, *,
+             metadata: dict[str, Any] | None, replace: bool = False, set_aside_damaged: bool = False,
+             after_commit: AfterCommit | None = None, dcp_group: Any = None, writes_shared: bool = True) -> str | None:
+        """Collective (on ``ranks``): capture the checkpoint and start writing it in the background; return its
+        final folder (visible once written), or None when skipped because another save is in flight
+        (``when_busy="skip"``). ``dcp_group``: the writer-side group of sharded writes (None: the writer's own)."""
         started = time.perf_counter()
         self.raise_pending_error()
-        if self.when_busy == "skip" and any(_all_gather(self.busy)):  # every rank skips, or none does
+        if self.when_busy == "skip" and any(ranks.gather_all(self.busy)):  # every rank skips, or none does
             self.skipped += 1
-            if _rank() == 0:
+            if ranks.is_leader and ranks.leader == 0:
                 logger.warning("Checkpoint %s skipped: the previous one is still being written "
                                "(async_save_when_busy='skip').", final_dir)
             self._blocked_since(started)
             return None
         self.flush()
-        group = self._writer_group()
-        staging = io.stage(final_dir, replace=replace, set_aside_damaged=set_aside_damaged)
-        recorder = DeferredWrites(staging)
+        background = self.writer_ranks(ranks)
+        staging = storage.stage(final_dir, replace=replace, set_aside_damaged=set_aside_damaged, ranks=ranks)
+        recorder = DeferredWrites(storage, staging, gathers=self._mesh is not None and not ranks.solo)
         try:
-            with recording(recorder):
-                write_files(staging)
+            capture(recorder, staging)
             fits, figures = staging_fits(self.pool.missing_bytes(recorder.writes, staging))
             if fits:
                 self.pool.stage(recorder.writes, staging)
         except Exception as error:
             # The other ranks' writers meet this one in the commit on the writer group: all abandon it.
             with contextlib.suppress(CheckpointError):
-                io.commit(staging, final_dir, error=error, group=group)
+                storage.commit(staging, final_dir, error=error, ranks=background)
             raise
+        sink = WriteNow(storage, background.group if dcp_group is None else dcp_group, durable=False)
 
         def write() -> None:
-            self._write(io, recorder, staging, final_dir, metadata, after_commit, group, started)
+            self._write(storage, recorder, sink, final_dir, metadata, after_commit, background, writes_shared, started)
 
         if not fits:
             logger.warning("Checkpoint %s is written synchronously: %s.", final_dir, figures)
@@ -143,42 +166,31 @@ class BackgroundCheckpointWriter:
         self.last_blocked_s = time.perf_counter() - started
         self.blocked_s_total += self.last_blocked_s
 
-    def _write(self, io: CheckpointIO, recorder: DeferredWrites, staging: str, final_dir: str,
-               metadata: dict[str, Any] | None, after_commit: AfterCommit | None, group: Any, started: float) -> None:
-        from .sharded_io import write_sharded_now  # DCP is imported when first needed, as model_state does
-
+    def _write(self, storage: CheckpointStorage, recorder: DeferredWrites, sink: WriteNow, final_dir: str,
+               metadata: dict[str, Any] | None, after_commit: AfterCommit | None, ranks: Ranks, writes_shared: bool,
+               started: float) -> None:
         if self.when_busy == "skip" and threading.current_thread().name == WRITER_THREAD_NAME:
             _yield_cores_to_training()  # training first; with "wait" the loop may wait for this thread, so not
 
         def write_gathered(tensors: dict[str, Any], path: str, write: bool) -> None:
             assert self._mesh is not None  # gathered writes are recorded only where the writer has a group
-            full = gather_full(tensors, self._mesh)  # every rank takes part; rank 0 keeps the full tensors
+            full = gather_full(tensors, self._mesh, keep=writes_shared)  # every rank takes part
             if write and full:
-                write_tensors_now(full, path)
+                sink.tensors(full, path)
 
         try:
-            # Text files are not fsynced one by one: the commit's checksum pass fsyncs every file before the
+            # Small files are not fsynced one by one: the commit's checksum pass fsyncs every file before the
             # manifest, as it does the tensor files (one fsync per file instead of two).
-            failure = recorder.replay(write_tensors_now, lambda tensors, path: write_sharded_now(tensors, path, group),
-                                      lambda text, path: write_text_now(text, path, fsync=False), write_gathered)
-            io.commit(staging, final_dir, error=failure, metadata=metadata, group=group)
+            failure = recorder.replay(sink, write_gathered)
+            storage.commit(recorder.root, final_dir, error=failure, metadata=metadata, ranks=ranks)
             self.last_durable_s = time.perf_counter() - started
             self.written += 1
-            if after_commit is not None:
+            if after_commit is not None and writes_shared:
                 after_commit(final_dir)
         except BaseException as error:  # kept for the training loop, which raises it at its next step or save
             kept = CheckpointError(f"The background write of checkpoint {final_dir} failed: {describe(error)}")
             kept.__cause__ = error
             self._error = kept
-
-    def _writer_group(self) -> Any:
-        """A gloo group of every process for the writer's collectives (made once, by every rank together)."""
-        if not self._group_ready:
-            self._group_ready = True
-            if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-                self._group = dist.new_group(backend="gloo")
-                self._mesh = WriterMesh(self._group)
-        return self._group
 
 
 WRITER_NICENESS = 10
@@ -195,10 +207,6 @@ def _yield_cores_to_training() -> None:
         with contextlib.suppress(OSError, AttributeError):
             thread_id = threading.get_native_id()
             os.setpriority(os.PRIO_PROCESS, thread_id, os.getpriority(os.PRIO_PROCESS, thread_id) + WRITER_NICENESS)
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 class _WritersAtExit:
@@ -220,30 +228,3 @@ class _WritersAtExit:
 
 
 _flush_at_exit = _WritersAtExit()
-
-
-def background_writer(accelerator: Any, create: bool = True) -> BackgroundCheckpointWriter | None:
-    """The Accelerator's writer when ``async_save`` is on (made on first use), else None; ``create=False``
-    returns the existing one only (to flush it)."""
-    writer = getattr(accelerator, "_checkpoint_writer", None)
-    config = accelerator.project_configuration
-    if writer is None and create and getattr(config, "async_save", False):
-        writer = BackgroundCheckpointWriter(getattr(config, "async_save_when_busy", "wait"))
-        accelerator._checkpoint_writer = writer
-    if writer is not None and create and not getattr(config, "async_save", False):
-        return None  # turned off since: saves are synchronous (the caller flushes this one first)
-    return writer
-
-
-def flush_background_writes(accelerator: Any) -> None:
-    """Wait for the Accelerator's save in flight, if any, and raise its error."""
-    writer = background_writer(accelerator, create=False)
-    if writer is not None:
-        writer.flush()
-
-
-def raise_background_error(accelerator: Any) -> None:
-    """Raise a failed background write's error now (cheap; called at every step)."""
-    writer = getattr(accelerator, "_checkpoint_writer", None)
-    if writer is not None:
-        writer.raise_pending_error()

@@ -60,13 +60,13 @@ class WriterMesh:
         return self._mesh
 
 
-def gather_full(tensors: dict[str, torch.Tensor], mesh: WriterMesh) -> dict[str, torch.Tensor]:
-    """Collective on the writer's group: every staged DTensor made whole; kept on rank 0 (``{}`` elsewhere).
+def gather_full(tensors: dict[str, torch.Tensor], mesh: WriterMesh, keep: bool) -> dict[str, torch.Tensor]:
+    """Collective on the writer's group: every staged DTensor made whole; kept where ``keep`` (the process that
+    writes the file: rank 0, or each node's first), ``{}`` elsewhere.
 
-    Tensors are gathered one at a time, so other ranks hold one full tensor at most."""
+    Tensors are gathered one at a time, so the other ranks hold one full tensor at most."""
     from torch.distributed.tensor import DTensor
 
-    keep = dist.get_rank() == 0
     full: dict[str, torch.Tensor] = {}
     for key, value in tensors.items():
         if is_dtensor(value):

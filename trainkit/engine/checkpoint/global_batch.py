@@ -14,10 +14,13 @@ refused, naming the numbers. The one decision lives in :func:`keep_global_batch`
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import state_io
+
+if TYPE_CHECKING:
+    from .storage.base import CheckpointStorage
 
 STATE_FILE = "accelerator_state.json"
 LOADERS_NAME = "dataloaders"
@@ -85,14 +88,14 @@ def keep_global_batch(saved: BatchShape, current: BatchShape, folder: str) -> Re
     return Rescale(saved, total // per_micro_step, folder)
 
 
-def saved_batch_shape(folder: str, *, accumulation: int | None = None) -> BatchShape | None:
+def saved_batch_shape(storage: CheckpointStorage, folder: str, *, accumulation: int | None = None) -> BatchShape | None:
     """The batch shape a checkpoint was saved with (reads its JSON files), or None when it holds no engine state.
     ``accumulation``: the caller's own record of it (the Trainer's ``training_args.json``)."""
-    state_path = os.path.join(folder, STATE_FILE)
-    if not os.path.isfile(state_path):
+    state_path = storage.join(folder, STATE_FILE)
+    if not storage.exists(state_path):
         return None
-    info = state_io.read_json(state_path)
-    loaders = state_io.load_state(folder, LOADERS_NAME) if os.path.isfile(os.path.join(folder, f"{LOADERS_NAME}.json")) else []
+    info = state_io.read_json(storage, state_path)
+    loaders = state_io.read_optional(storage, folder, LOADERS_NAME) or []
     first = loaders[0] if isinstance(loaders, list) and loaders and isinstance(loaders[0], dict) else {}
     steps = accumulation if accumulation is not None else info.get("gradient_accumulation_steps")
     loader_global = first.get("global_batch_size") if steps is not None else None  # unknown accumulation: no shape

@@ -9,9 +9,8 @@ mismatching checkpoint leaves the model untouched.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -20,6 +19,10 @@ from trainkit.engine.strategies.base import Strategy
 
 from . import serialization, state_io
 from .errors import CheckpointMismatchError
+
+if TYPE_CHECKING:
+    from .sinks import FileSink
+    from .storage.base import CheckpointStorage
 
 
 def _sharded_io():
@@ -56,72 +59,73 @@ def sharded_optimizer_dir(index: int) -> str:
 
 
 # -- saving --------------------------------------------------------------------------------------------
-def _may_gather_later(model: nn.Module) -> bool:
-    """Cheap first test (no state dict): an asynchronous save is being captured and the model has DTensors."""
+@dataclass(frozen=True)
+class Writing:
+    """How this process takes part in writing model and optimizer state."""
+
+    sink: FileSink
+    directory: str
+    writes_shared: bool
+    """True on the process that writes the files one process writes (rank 0; each node's first, per node)."""
+    full_everywhere: bool = False
+    """Full tensors are needed on every writing process (each node's own folder), not gathered to rank 0 only."""
+
+    def path(self, name: str) -> str:
+        return self.sink.storage.join(self.directory, name)
+
+
+def has_dtensors(model: nn.Module) -> bool:
+    """Cheap first test (no state dict): whether the model's parameters are DTensors (sharded)."""
     from .background_gather import is_dtensor
-    from .staging import active_recorder
 
-    return active_recorder() is not None and any(is_dtensor(parameter) for parameter in model.parameters())
-
-
-def _gather_later(tensors: dict[str, torch.Tensor], path: str) -> bool:
-    """While an asynchronous save is captured: record full tensors to be gathered from these shards by the
-    background writer (every rank), and return True; False where it cannot (the caller gathers now)."""
-    from .background_gather import GATHERED, gathers_in_background
-    from .staging import active_recorder
-
-    recorder = active_recorder()
-    if recorder is None or not gathers_in_background(tensors):
-        return False
-    recorder.defer(GATHERED, tensors, path)
-    return True
+    return any(is_dtensor(parameter) for parameter in model.parameters())
 
 
-def save_model(strategy: Strategy, model: nn.Module, directory: str, index: int, sharded: bool, is_main: bool) -> None:
-    """Collective: write the model's state into ``directory``."""
+def save_model(strategy: Strategy, model: nn.Module, writing: Writing, index: int, sharded: bool) -> None:
+    """Collective: write the model's state."""
     if sharded:
-        state = strategy.model_state_dict(model, full=False)
-        _sharded_io().save_sharded(state, os.path.join(directory, sharded_model_dir(index)))
+        writing.sink.sharded(strategy.model_state_dict(model, full=False), writing.path(sharded_model_dir(index)))
         return
     # Asynchronous: the shards are staged and the background writer gathers them (see .background_gather).
-    if _may_gather_later(model) and _gather_later(strategy.model_state_dict(model, full=False),
-                                                  os.path.join(directory, model_file(index))):
+    if writing.sink.defers and has_dtensors(model) and writing.sink.gathered(
+            strategy.model_state_dict(model, full=False), writing.path(model_file(index))):
         return
-    state = strategy.model_state_dict(model, full=True, cpu_offload=True)
-    if is_main:
-        state_io.save_tensors(state, os.path.join(directory, model_file(index)))
+    state = strategy.model_state_dict(model, full=True, cpu_offload=not writing.full_everywhere)
+    if writing.writes_shared:
+        writing.sink.tensors(state, writing.path(model_file(index)))
 
 
-def save_optimizer(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str, index: int,
-                   sharded: bool, is_main: bool) -> None:
-    """Collective: write the optimizer's state into ``directory`` (structure as JSON, tensors beside it)."""
-    if not sharded and _save_optimizer_gathered_later(strategy, model, optimizer, directory, index, is_main):
+def save_optimizer(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer, writing: Writing,
+                   index: int, sharded: bool) -> None:
+    """Collective: write the optimizer's state (structure as JSON, tensors beside it)."""
+    if not sharded and _save_optimizer_gathered_later(strategy, model, optimizer, writing, index):
         return
-    state = strategy.optimizer_state_dict(model, optimizer, full=not sharded, cpu_offload=not sharded)
+    full_offload = not sharded and not writing.full_everywhere
+    state = strategy.optimizer_state_dict(model, optimizer, full=not sharded, cpu_offload=full_offload)
     if not sharded:
-        if is_main:
-            state_io.save_state(state, directory, optimizer_name(index))
+        if writing.writes_shared:
+            state_io.save_state(writing.sink, state, writing.directory, optimizer_name(index))
         return
     skeleton, tensors = state_io.encode_state(state)
     if tensors:
-        _sharded_io().save_sharded(tensors, os.path.join(directory, sharded_optimizer_dir(index)))
-    if is_main:
-        state_io.write_json({"format": "trainkit-sharded-optimizer/1", "state": skeleton},
-                            os.path.join(directory, f"{sharded_optimizer_dir(index)}.json"))
+        writing.sink.sharded(tensors, writing.path(sharded_optimizer_dir(index)))
+    if writing.writes_shared:
+        state_io.write_json(writing.sink, {"format": "trainkit-sharded-optimizer/1", "state": skeleton},
+                            writing.path(f"{sharded_optimizer_dir(index)}.json"))
 
 
 def _save_optimizer_gathered_later(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer,
-                                   directory: str, index: int, is_main: bool) -> bool:
+                                   writing: Writing, index: int) -> bool:
     """The full optimizer files of an asynchronous save, from the shards: the JSON now (the full state's structure
     is the sharded one's), the tensors gathered by the background writer. False where that is not possible."""
-    if not _may_gather_later(model):
+    if not (writing.sink.defers and has_dtensors(model)):
         return False
     skeleton, tensors = state_io.encode_state(strategy.optimizer_state_dict(model, optimizer, full=False))
     name = optimizer_name(index)
-    if not _gather_later(tensors, os.path.join(directory, f"{name}.safetensors")):
+    if not writing.sink.gathered(tensors, writing.path(f"{name}.safetensors")):
         return False
-    if is_main:  # what state_io.save_state writes beside the tensors
-        state_io.write_json(state_io.state_document(skeleton), os.path.join(directory, f"{name}.json"))
+    if writing.writes_shared:  # what state_io.save_state writes beside the tensors
+        state_io.write_json(writing.sink, state_io.state_document(skeleton), writing.path(f"{name}.json"))
     return True
 
 
@@ -134,16 +138,18 @@ class PendingModelLoad:
     model: nn.Module
     full_state: dict[str, torch.Tensor] | None  # full checkpoint
     sharded_path: str | None  # sharded checkpoint
+    reading: Reading | None = None
 
     def apply(self) -> None:
         """Collective: copy the state into the model."""
         if self.full_state is not None:
             self.strategy.load_model_state_dict(self.model, self.full_state, full=True)
             return
+        assert self.reading is not None and self.sharded_path is not None
         current = self.strategy.model_state_dict(self.model, full=False)
         # Loaded into fresh tensors first: a failing read must not leave the model half-overwritten.
         loaded = {key: torch.empty_like(value) for key, value in current.items()}
-        _sharded_io().load_sharded(loaded, self.sharded_path)
+        _sharded_io().load_sharded(self.reading.storage, loaded, self.sharded_path, self.reading.group)
         self.strategy.load_model_state_dict(self.model, loaded, full=False)
 
 
@@ -163,22 +169,38 @@ def compare_keys(what: str, expected: dict[str, tuple[int, ...]], saved: dict[st
         raise CheckpointMismatchError(what, missing, unexpected, mis_shaped)
 
 
-def prepare_model_load(strategy: Strategy, model: nn.Module, directory: str, index: int) -> PendingModelLoad:
-    """Read and check the ``index``-th model's state from ``directory`` (full or sharded, whichever is there)."""
+@dataclass(frozen=True)
+class Reading:
+    """Where a checkpoint's files are read from, and the process group its sharded reads run on."""
+
+    storage: CheckpointStorage
+    directory: str
+    group: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The manifest's metadata (what wrote the checkpoint; with each node's own folder, which processes wrote which)."""
+
+    def path(self, name: str) -> str:
+        return self.storage.join(self.directory, name)
+
+
+def prepare_model_load(strategy: Strategy, model: nn.Module, reading: Reading, index: int) -> PendingModelLoad:
+    """Read and check the ``index``-th model's state (full or sharded, whichever is there)."""
     expected = expected_model_shapes(strategy, model)
-    full_path = os.path.join(directory, model_file(index))
-    sharded_path = os.path.join(directory, sharded_model_dir(index))
-    if os.path.isfile(full_path):
-        state = state_io.load_tensors(full_path)
+    full_path, sharded_path = reading.path(model_file(index)), reading.path(sharded_model_dir(index))
+    directory, storage = reading.directory, reading.storage
+    if storage.exists(full_path):
+        state = state_io.load_tensors(storage, full_path)
         compare_keys(f"model {index} ({model_file(index)})", expected, {k: tuple(v.shape) for k, v in state.items()})
-        return PendingModelLoad(strategy, model, state, None)
-    if index == 0 and os.path.isfile(os.path.join(directory, serialization.INDEX_NAME)):  # re-sharded weights
-        state = serialization.load_safetensors(directory)
+        return PendingModelLoad(strategy, model, state, None, reading)
+    local = storage.local_path(directory)
+    if index == 0 and local is not None and storage.exists(reading.path(serialization.INDEX_NAME)):
+        state = serialization.load_safetensors(local)  # weights re-sharded with an index after the save
         compare_keys(f"model {index} ({serialization.INDEX_NAME})", expected, {k: tuple(v.shape) for k, v in state.items()})
-        return PendingModelLoad(strategy, model, state, None)
-    if os.path.isdir(sharded_path):
-        compare_keys(f"model {index} ({sharded_model_dir(index)}/)", expected, _sharded_io().saved_tensor_shapes(sharded_path))
-        return PendingModelLoad(strategy, model, None, sharded_path)
+        return PendingModelLoad(strategy, model, state, None, reading)
+    if storage.is_dir(sharded_path):
+        shapes = _sharded_io().saved_tensor_shapes(sharded_path, storage)
+        compare_keys(f"model {index} ({sharded_model_dir(index)}/)", expected, shapes)
+        return PendingModelLoad(strategy, model, None, sharded_path, reading)
     raise CheckpointMismatchError(f"model list (no {model_file(index)} nor {sharded_model_dir(index)}/ in {directory})",
                                   [f"model {index}"], [], [])
 
@@ -203,6 +225,7 @@ class PendingOptimizerLoad:
     state: dict[str, Any] | None  # full checkpoint: the whole state
     skeleton: Any = None  # sharded checkpoint: structure, tensors in sharded_path
     sharded_path: str | None = None
+    reading: Reading | None = None
 
     def apply(self) -> None:
         """Collective: load the state into the optimizer."""
@@ -223,7 +246,8 @@ class PendingOptimizerLoad:
             raise CheckpointMismatchError("optimizer state", [], missing, [])
         # Fresh tensors, so a failing read leaves the optimizer as it was.
         loaded = {key: torch.empty_like(current[key]) for key in wanted}
-        _sharded_io().load_sharded(loaded, self.sharded_path)
+        assert self.reading is not None and self.sharded_path is not None
+        _sharded_io().load_sharded(self.reading.storage, loaded, self.sharded_path, self.reading.group)
         return state_io.decode_state(self.skeleton, loaded)
 
 
@@ -262,20 +286,21 @@ def _check_optimizer_params(what: str, strategy: Strategy, model: nn.Module, opt
         raise CheckpointMismatchError(what, missing, unexpected, [])
 
 
-def prepare_optimizer_load(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer, directory: str,
+def prepare_optimizer_load(strategy: Strategy, model: nn.Module, optimizer: torch.optim.Optimizer, reading: Reading,
                            index: int) -> PendingOptimizerLoad:
-    """Read and check the ``index``-th optimizer's state from ``directory``."""
-    full_name = optimizer_name(index)
-    sharded_json = os.path.join(directory, f"{sharded_optimizer_dir(index)}.json")
-    if os.path.isfile(os.path.join(directory, f"{full_name}.json")):
-        state = state_io.load_state(directory, full_name)
+    """Read and check the ``index``-th optimizer's state."""
+    full_name, storage, directory = optimizer_name(index), reading.storage, reading.directory
+    sharded_json = reading.path(f"{sharded_optimizer_dir(index)}.json")
+    if storage.exists(reading.path(f"{full_name}.json")):
+        state = state_io.load_state(storage, directory, full_name)
         _check_optimizer_params(f"optimizer {index}", strategy, model, optimizer, state.get("param_groups", []))
         return PendingOptimizerLoad(strategy, model, optimizer, state)
-    if os.path.isfile(sharded_json):
-        skeleton = state_io.read_json(sharded_json)["state"]
+    if storage.exists(sharded_json):
+        skeleton = state_io.read_json(storage, sharded_json)["state"]
         groups = state_io.decode_state(skeleton.get("param_groups", []), _Anything())
         _check_optimizer_params(f"optimizer {index}", strategy, model, optimizer, groups)
-        return PendingOptimizerLoad(strategy, model, optimizer, None, skeleton, os.path.join(directory, sharded_optimizer_dir(index)))
+        return PendingOptimizerLoad(strategy, model, optimizer, None, skeleton,
+                                    reading.path(sharded_optimizer_dir(index)), reading)
     raise CheckpointMismatchError(f"optimizer list (no state for optimizer {index} in {directory})", [f"optimizer {index}"], [], [])
 
 

@@ -1,4 +1,4 @@
-"""What ``save_state`` / ``load_state`` need from the Accelerator, as a structural type.
+"""What the checkpointer needs from the Accelerator, as a structural type.
 
 The Accelerator imports the checkpoint package (lazily, in ``save_state`` and ``load_state``); typing
 :mod:`.accelerator_state` against this ``Protocol`` instead of ``Accelerator`` keeps the dependency one-way
@@ -41,10 +41,6 @@ class CheckpointedAccelerator(Protocol):
     @property
     def project_configuration(self) -> ProjectConfiguration:
         """Where automatically named checkpoints go and how many are kept."""
-
-    @property
-    def loaded_checkpoint(self) -> str | None:
-        """The folder last loaded: automatic rotation never deletes it."""
 
     @property
     def device(self) -> Any:

@@ -40,14 +40,10 @@ def _deduplicate(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.T
     return kept, aliases
 
 
-def write_safetensors_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
-    """The one place trainkit writes a safetensors file: tensors detached, contiguous and on the CPU.
-
-    safetensors refuses tensors that share memory: a later one sharing an earlier one's storage is cloned
-    (model weights are de-duplicated with :func:`save_safetensors` first, so this only meets optimizer state).
-    """
-    from safetensors.torch import save_file
-
+def _plain_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Detached, contiguous CPU tensors; a later one sharing an earlier one's storage is cloned (safetensors
+    refuses shared memory; model weights are de-duplicated with :func:`save_safetensors` first, so this only meets
+    optimizer state)."""
     seen: set[tuple[int, int]] = set()
     plain: dict[str, torch.Tensor] = {}
     for key, tensor in tensors.items():
@@ -55,7 +51,21 @@ def write_safetensors_file(tensors: dict[str, torch.Tensor], path: str, metadata
         marker = (cpu.untyped_storage().data_ptr(), int(cpu.storage_offset()))
         plain[key] = cpu.clone() if cpu.numel() and marker in seen else cpu
         seen.add(marker)
-    save_file(plain, path, metadata={"format": "pt", **(metadata or {})})
+    return plain
+
+
+def write_safetensors_file(tensors: dict[str, torch.Tensor], path: str, metadata: dict[str, str] | None = None) -> None:
+    """The one place trainkit writes a safetensors file on a disk: tensors detached, contiguous and on the CPU."""
+    from safetensors.torch import save_file
+
+    save_file(_plain_tensors(tensors), path, metadata={"format": "pt", **(metadata or {})})
+
+
+def safetensors_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
+    """What :func:`write_safetensors_file` writes, as bytes (for storage that is not a disk: an object store)."""
+    from safetensors.torch import save
+
+    return save(_plain_tensors(tensors), metadata={"format": "pt", **(metadata or {})})
 
 
 def save_safetensors(state_dict: dict[str, torch.Tensor], directory: str, max_shard_size: int | str = "10GB") -> list[str]:

@@ -10,77 +10,37 @@ DCP's own metadata records, and the load planner refuses non-tensor items.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import enum
 import io
-import os
-import pickle
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from . import dcp_metadata
+from .dcp_metadata import METADATA_FILE
 from .errors import CheckpointError, dcp_errors_as_checkpoint_errors
 
-METADATA_FILE = ".metadata"
-_DCP_PACKAGE = "torch.distributed.checkpoint."
-_PATH_CLASSES = {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"}
+if TYPE_CHECKING:
+    from .storage.base import CheckpointStorage
+
+__all__ = ["METADATA_FILE", "load_full_tensors", "load_sharded", "read_dcp_metadata", "saved_tensor_shapes",
+           "write_sharded_now"]
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Reconstructs DCP metadata records only; any other global in the file is refused before it runs."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module.startswith(_DCP_PACKAGE):
-            found = super().find_class(module, name)
-            if isinstance(found, type) and (dataclasses.is_dataclass(found) or issubclass(found, enum.Enum)):
-                return found
-        elif module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)):
-            return getattr(torch, name)
-        elif (module, name) == ("torch.serialization", "_get_layout"):
-            return super().find_class(module, name)
-        elif module == "pathlib" and name in _PATH_CLASSES:
-            return super().find_class(module, name)
-        elif (module, name) == ("collections", "OrderedDict"):
-            return super().find_class(module, name)
-        raise CheckpointError(f"Refusing to load {module}.{name} from a checkpoint's DCP metadata (only DCP records are allowed).")
+def read_dcp_metadata(path: str, storage: CheckpointStorage | None = None) -> Metadata:
+    """The DCP ``.metadata`` of the folder ``path`` (on ``storage``, default: the local disk), read without pickle."""
+    return dcp_metadata.read_dcp_metadata(path, storage or _local_storage())
 
 
-def read_dcp_metadata(path: str) -> Metadata:
-    """The DCP ``.metadata`` of the folder ``path``, read without running code from it."""
-    metadata_path = os.path.join(path, METADATA_FILE)
-    if not os.path.isfile(metadata_path):
-        raise CheckpointError(f"{path} holds no sharded checkpoint (no {METADATA_FILE}).")
-    with open(metadata_path, "rb") as handle:
-        try:
-            metadata = _MetadataUnpickler(io.BytesIO(handle.read())).load()
-        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as error:
-            raise CheckpointError(f"{metadata_path} cannot be read ({type(error).__name__}: {error}).") from None
-    if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"{metadata_path} does not hold DCP metadata.")
-    return metadata
+def _local_storage() -> CheckpointStorage:
+    from .storage.shared_folder import SharedFolderStorage
 
-
-class SafeFileSystemReader(FileSystemReader):
-    """DCP's file reader with the pickle-free metadata reader (tensors are read with ``weights_only=True`` by DCP)."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        rank = kwargs.get("rank")
-        if rank is not None:
-            raise CheckpointError("Per-rank DCP metadata files are not supported by trainkit checkpoints.")
-        metadata = read_dcp_metadata(os.fspath(self.path))
-        from torch.distributed.checkpoint.metadata import StorageMeta
-
-        storage_meta = getattr(metadata, "storage_meta", None)
-        if storage_meta is None:
-            storage_meta = metadata.storage_meta = StorageMeta()
-        storage_meta.load_id = self.load_id
-        return metadata
+    return SharedFolderStorage()
 
 
 class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
@@ -90,9 +50,9 @@ class TensorsOnlyLoadPlanner(DefaultLoadPlanner):
         raise CheckpointError(f"Refusing to unpickle the non-tensor item {read_item.dest_index.fqn!r} of a sharded checkpoint.")
 
 
-def saved_tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
+def saved_tensor_shapes(path: str, storage: CheckpointStorage | None = None) -> dict[str, tuple[int, ...]]:
     """Every tensor's global shape in the sharded checkpoint at ``path``."""
-    metadata = read_dcp_metadata(path)
+    metadata = read_dcp_metadata(path, storage)
     return {key: tuple(item.size) for key, item in metadata.state_dict_metadata.items()
             if isinstance(item, TensorStorageMetadata)}
 
@@ -109,32 +69,25 @@ def _one_process_is_intended() -> Iterator[None]:
         yield
 
 
-def save_sharded(tensors: dict[str, torch.Tensor], path: str) -> None:
-    """Collective: write ``{key: tensor or DTensor}`` to the folder ``path``, each shard by its owner (or,
-    while an asynchronous save is captured, record the write for its background writer: see :mod:`.staging`)."""
+def write_sharded_now(storage: CheckpointStorage, tensors: dict[str, torch.Tensor], path: str,
+                      group: Any = None) -> None:
+    """Collective on ``group`` (default: every process): write ``{key: tensor or DTensor}`` to the folder ``path``
+    on ``storage``, each shard by its owner."""
     if any(not isinstance(value, torch.Tensor) for value in tensors.values()):
-        raise TypeError("save_sharded stores tensors only; put other values in JSON.")
-    from .staging import active_recorder
+        raise TypeError("Sharded checkpoint files store tensors only; put other values in JSON.")
+    from .storage.ranks import SOLO
 
-    recorder = active_recorder()
-    if recorder is not None:
-        recorder.defer("sharded", tensors, path)
-        return
-    write_sharded_now(tensors, path)
-
-
-def write_sharded_now(tensors: dict[str, torch.Tensor], path: str, group: Any = None) -> None:
-    """Collective on ``group`` (default: every process): write the shards now."""
+    alone = group is SOLO or _no_dist()
     with dcp_errors_as_checkpoint_errors("save", path), _one_process_is_intended():
-        dcp.save(tensors, storage_writer=FileSystemWriter(path, single_file_per_rank=True), process_group=group,
-                 no_dist=_no_dist())
+        dcp.save(tensors, storage_writer=storage.dcp_writer(path), process_group=None if alone else group,
+                 no_dist=alone)
 
 
-def load_sharded(targets: dict[str, torch.Tensor], path: str) -> None:
-    """Collective: fill ``targets`` (tensors or DTensors, any sharding) in place from the folder ``path``."""
+def load_sharded(storage: CheckpointStorage, targets: dict[str, torch.Tensor], path: str, group: Any = None) -> None:
+    """Collective on ``group``: fill ``targets`` (tensors or DTensors, any sharding) in place from ``path``."""
     with dcp_errors_as_checkpoint_errors("load", path), _one_process_is_intended():
-        dcp.load(targets, storage_reader=SafeFileSystemReader(path), planner=TensorsOnlyLoadPlanner(),
-                 no_dist=_no_dist())
+        dcp.load(targets, storage_reader=storage.dcp_reader(path), planner=TensorsOnlyLoadPlanner(),
+                 process_group=group, no_dist=_no_dist())
 
 
 def load_full_tensors(path: str) -> dict[str, torch.Tensor]:
@@ -146,5 +99,6 @@ def load_full_tensors(path: str) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{path} holds a non-tensor item {key!r}; trainkit never writes those.")
         targets[key] = torch.empty(item.size, dtype=item.properties.dtype)
     with dcp_errors_as_checkpoint_errors("load", path), _one_process_is_intended():
-        dcp.load(targets, storage_reader=SafeFileSystemReader(path), planner=TensorsOnlyLoadPlanner(), no_dist=True)
+        dcp.load(targets, storage_reader=_local_storage().dcp_reader(path), planner=TensorsOnlyLoadPlanner(),
+                 no_dist=True)
     return targets

@@ -6,16 +6,22 @@ a JSON-ready skeleton in which each tensor is replaced by a reference ``{"__tens
 are the tensor's path in the nest, so the same structure always gives the same keys (the sharded path
 relies on that to line up saved and expected tensors). Anything else (functions, arbitrary objects)
 is refused with its path, because storing it would need pickle.
+
+Files are written through a :class:`~.sinks.FileSink` (now, or recorded for the background writer) and read
+through a :class:`~.storage.base.CheckpointStorage`: these functions never open a path themselves.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from .sinks import FileSink
+    from .storage.base import CheckpointStorage
 
 TENSOR_TAG = "__tensor__"
 TUPLE_TAG = "__tuple__"
@@ -78,63 +84,33 @@ def decode_state(skeleton: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return {k: decode_state(v, tensors) for k, v in skeleton.items()}
 
 
-def write_json(data: Any, path: str) -> None:
-    """Write ``data`` as JSON and flush it to disk (the manifest's checksums are taken from the file).
-
-    While an asynchronous save is captured, the text is made now (a snapshot) and written by the background
-    writer (see :mod:`.staging`): the loop does not wait for the disk. The text is compact: an indented dump
-    goes through json's pure-Python encoder, which took about 1 ms of the loop per save for the random
-    states alone (~1,250 integers), where the C encoder takes a few microseconds."""
-    from .staging import active_recorder
-
-    text = json.dumps(data, allow_nan=False)
-    recorder = active_recorder()
-    if recorder is not None:
-        recorder.defer_text(text, path)
-        return
-    write_text_now(text, path)
+def json_bytes(data: Any) -> bytes:
+    """Compact JSON (json's C encoder: an indented dump goes through the pure-Python one, about 1 ms of the loop
+    per save for the random states alone)."""
+    return json.dumps(data, allow_nan=False).encode("utf-8")
 
 
-def write_text_now(text: str, path: str, fsync: bool = True) -> None:
-    """Write ``text`` to ``path`` and flush it to disk (``fsync=False``: the caller's commit does, as the
-    checksum pass of :func:`.atomic.commit_checkpoint` fsyncs every file before the manifest is written)."""
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        if fsync:
-            os.fsync(handle.fileno())
+def write_json(sink: FileSink, data: Any, path: str) -> None:
+    """Write ``data`` as JSON through ``sink`` (while an asynchronous save is captured, the text is made now: a
+    snapshot, and written by the background writer)."""
+    sink.data(json_bytes(data), path)
 
 
-def read_json(path: str) -> Any:
+def read_json(storage: CheckpointStorage, path: str) -> Any:
     """Read a JSON file written by :func:`write_json`."""
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
+    return json.loads(storage.read_bytes(path).decode("utf-8"))
 
 
-def save_tensors(tensors: dict[str, torch.Tensor], path: str) -> None:
-    """Write plain (non-distributed) tensors to a safetensors file, copied to the CPU (or, while an
-    asynchronous save is captured, record the write for its background writer: see :mod:`.staging`)."""
-    from .staging import active_recorder
+def load_tensors(storage: CheckpointStorage, path: str) -> dict[str, torch.Tensor]:
+    """Read a safetensors file onto the CPU (memory-mapped on a disk)."""
+    local = storage.local_path(path)
+    if local is not None:
+        from safetensors.torch import load_file
 
-    recorder = active_recorder()
-    if recorder is not None:
-        recorder.defer("safetensors", tensors, path)
-        return
-    write_tensors_now(tensors, path)
+        return load_file(local)
+    from safetensors.torch import load
 
-
-def write_tensors_now(tensors: dict[str, torch.Tensor], path: str) -> None:
-    """Write a safetensors file now (what :func:`save_tensors` does outside an asynchronous capture)."""
-    from trainkit.engine.checkpoint.serialization import write_safetensors_file
-
-    write_safetensors_file(tensors, path)
-
-
-def load_tensors(path: str) -> dict[str, torch.Tensor]:
-    """Read a safetensors file onto the CPU."""
-    from safetensors.torch import load_file
-
-    return load_file(path)
+    return load(storage.read_bytes(path))
 
 
 def state_document(skeleton: Any) -> dict[str, Any]:
@@ -142,20 +118,25 @@ def state_document(skeleton: Any) -> dict[str, Any]:
     return {"format": "trainkit-state/1", "state": skeleton}
 
 
-def save_state(state: Any, directory: str, name: str) -> list[str]:
+def save_state(sink: FileSink, state: Any, directory: str, name: str) -> list[str]:
     """Store ``state`` as ``name.json`` (+ ``name.safetensors`` when it holds tensors); return the file names."""
     skeleton, tensors = encode_state(state)
     files = [f"{name}.json"]
-    write_json(state_document(skeleton), os.path.join(directory, files[0]))
+    write_json(sink, state_document(skeleton), sink.storage.join(directory, files[0]))
     if tensors:
         files.append(f"{name}.safetensors")
-        save_tensors(tensors, os.path.join(directory, files[1]))
+        sink.tensors(tensors, sink.storage.join(directory, files[1]))
     return files
 
 
-def load_state(directory: str, name: str) -> Any:
+def load_state(storage: CheckpointStorage, directory: str, name: str) -> Any:
     """Read what :func:`save_state` wrote under ``name``."""
-    document = read_json(os.path.join(directory, f"{name}.json"))
-    tensor_path = os.path.join(directory, f"{name}.safetensors")
-    tensors = load_tensors(tensor_path) if os.path.exists(tensor_path) else {}
+    document = read_json(storage, storage.join(directory, f"{name}.json"))
+    tensor_path = storage.join(directory, f"{name}.safetensors")
+    tensors = load_tensors(storage, tensor_path) if storage.exists(tensor_path) else {}
     return decode_state(document["state"], tensors)
+
+
+def read_optional(storage: CheckpointStorage, directory: str, name: str) -> Any:
+    """:func:`load_state` when ``name.json`` exists, else None."""
+    return load_state(storage, directory, name) if storage.exists(storage.join(directory, f"{name}.json")) else None

@@ -30,6 +30,7 @@ from trainkit.engine.step.accumulation import GradientState
 from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 from .device import send_to_device
+from .shard_attributes import ShardAttributes
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler, shuffling
 from .dispatch import dispatched_batches
 from .generator_sync import SyncedGenerator
@@ -109,7 +110,7 @@ class DataLoaderStateMixin:
         self.gradient_state.pop(self)  # type: ignore[arg-type]  # the prepared loader that mixes this in is a WindowedLoader
 
 
-class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
+class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
     """A DataLoader that yields this rank's part of each global batch, already on the device."""
 
     # Accelerate's constructor (``DataLoaderShard(dataset, batch_sampler=BatchSamplerShard(...), ...)``) for code that
@@ -216,9 +217,11 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
         return self.dataset
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration use ``epoch``'s shuffling order (called for you at each new pass)."""
+        """Make the next iteration use ``epoch``'s shuffling order (called for you at each new pass); samplers and
+        datasets with a ``set_epoch`` of their own (the script's batch sampler too) hear of it at once."""
         if epoch != self.progress.epoch:
             self.progress.move_to(epoch)
+        self._propagate_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The position to store in a checkpoint, with the shuffling seed that gives it meaning.
@@ -317,12 +320,7 @@ class PreparedDataLoader(DataLoaderStateMixin, DataLoader):
     # -- iteration ----------------------------------------------------------------------------------
     def _begin_iteration(self) -> None:
         epoch = self.progress.epoch
-        for target in (getattr(self._shard, "batch_sampler", None), self._shard, self.dataset):
-            sampler = getattr(target, "sampler", None)
-            if sampler is not None and hasattr(sampler, "set_epoch"):
-                sampler.set_epoch(epoch)
-        if hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
+        self._propagate_epoch(epoch)
         skip = self.progress.pending_skip + self.skipped_batches * (self.global_batch_size or 0)
         self.progress.pending_skip = 0
         self.progress.last_batch_yielded = False
@@ -442,7 +440,8 @@ class DataLoaderDispatcher(PreparedDataLoader):
     and every process receives its slice of each global batch (the last one filled up so all get a full slice,
     ``remainder`` saying how many samples of it are real). For datasets only the main process can read.
 
-    ``batch_size`` (default 1) is each process's batch, or with ``split_batches`` the global batch.
+    ``batch_size`` (default 1) is each process's batch, or with ``split_batches`` the global batch. A
+    ``batch_sampler`` gives the global batches itself (one process, or ``split_batches`` on several).
     ``skip_batches`` passes over the first batches of every pass (read by the main process, then dropped).
     """
 
@@ -467,28 +466,42 @@ class DataLoaderDispatcher(PreparedDataLoader):
         if torch_device_mesh is not None:
             raise ValueError("DataLoaderDispatcher(torch_device_mesh=...): trainkit shards data over processes only "
                              "(no device meshes for data).")
-        unsupported = sorted(name for name in ("batch_sampler", "sampler", "shuffle") if kwargs.get(name))
+        unsupported = sorted(name for name in ("sampler", "shuffle") if kwargs.get(name))
         if unsupported:
-            raise ValueError(f"DataLoaderDispatcher({', '.join(unsupported)}=...): give batch_size (and drop_last); "
-                             "the main process batches the dataset in order. For shuffled map-style data use "
-                             "Accelerator.prepare, which shards by indices.")
+            raise ValueError(f"DataLoaderDispatcher({', '.join(unsupported)}=...): give batch_size (and drop_last) "
+                             "or a batch_sampler; the main process batches the dataset in order. For shuffled "
+                             "map-style data use Accelerator.prepare, which shards by indices.")
         state = ProcessState.get()
         world, rank = state.world_size, state.rank
-        batch_size = kwargs.pop("batch_size", 1)
-        if batch_size is None:
-            raise ValueError("DataLoaderDispatcher needs a batch_size (not None): it cuts global batches into slices.")
-        if split_batches and batch_size % world:
-            raise ValueError(f"DataLoaderDispatcher(split_batches=True): batch_size={batch_size} must be a multiple "
-                             f"of the {world} processes, so that each gets an equal slice.")
-        global_size = batch_size if split_batches else batch_size * world
+        batch_sampler = kwargs.pop("batch_sampler", None)
+        batch_size = _dispatched_batch_size(batch_sampler, kwargs.pop("batch_size", 1), split_batches, world)
+        global_size = batch_size if split_batches or batch_sampler is not None else batch_size * world
+        batching = {"batch_sampler": batch_sampler} if batch_sampler is not None else {"batch_size": global_size}
         kwargs.setdefault("prefetch_factor", None if kwargs.get("num_workers", 0) == 0 else 2)
-        self._setup(dataset, batch_size=global_size, device=state.device, gradient_state=current_gradient_state(),
+        self._setup(dataset, **batching, device=state.device, gradient_state=current_gradient_state(),
                     global_batch_size=global_size, seed=torch.initial_seed(), non_blocking=_non_blocking, **kwargs)
         self.dispatch_to = (world, rank)
         self.split_batches = split_batches
         self.skipped_batches = skip_batches
         self.use_stateful_dataloader = use_stateful_dataloader
         self.set_epoch(iteration)
+
+
+def _dispatched_batch_size(batch_sampler: Any, batch_size: int | None, split_batches: bool, world: int) -> int:
+    """The size of the batches the main process reads: ``batch_size``, or the ``batch_sampler``'s, whose batches
+    are global batches (one process, or ``split_batches``: the processes split each of them)."""
+    if batch_sampler is not None:
+        if world > 1 and not split_batches:
+            raise ValueError("DataLoaderDispatcher(batch_sampler=...) on several processes needs split_batches=True "
+                             "(each batch of the sampler is one global batch, split between the processes).")
+        batch_size = getattr(batch_sampler, "batch_size", None)
+    if batch_size is None:
+        raise ValueError("DataLoaderDispatcher needs a batch_size (not None), or a batch_sampler with one: it cuts "
+                         "global batches into slices.")
+    if split_batches and batch_size % world:
+        raise ValueError(f"DataLoaderDispatcher(split_batches=True): batch size {batch_size} must be a multiple "
+                         f"of the {world} processes, so that each gets an equal slice.")
+    return int(batch_size)
 
 
 def prepare_data_loader(
@@ -564,6 +577,8 @@ def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: i
                     seed: int, common: dict[str, Any], kwargs: dict[str, Any]) -> PreparedDataLoader:
     """A loader over a :class:`StreamShard`: this rank's workers read only this rank's shards."""
     batch_size = dataloader.batch_size
+    if batch_size is None and num_processes == 1:  # unbatched samples on one process: nothing to shard
+        return PreparedDataLoader._build(dataloader.dataset, batch_size=None, global_batch_size=None, **common, **kwargs)
     if batch_size is None:
         raise ConfigError("An iterable dataset needs a DataLoader with a batch_size to be sharded across processes.")
     if config.split_batches:

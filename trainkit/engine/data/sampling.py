@@ -94,7 +94,14 @@ class ShardedBatchSampler(Sampler[list[int]]):
         self.split_batches = split_batches
         self.even_batches = even_batches
         self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
-        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        batch_size = getattr(batch_sampler, "batch_size", None)
+        self.batch_size = batch_size
+        if split_batches and batch_size is None:
+            raise ValueError("BatchSamplerShard(split_batches=True) cuts each batch into equal slices, so the batch "
+                             "sampler needs a fixed batch_size; batches of varying size need split_batches=False.")
+        if split_batches and batch_size is not None and batch_size % num_processes:
+            raise ValueError(f"BatchSamplerShard(split_batches=True): the batch size ({batch_size}) must be a "
+                             f"round multiple of the number of processes ({num_processes}).")
         self.skip_samples = 0
         """Samples of the global stream to pass over at the start of the next iteration (consumed once)."""
         self.final_real_samples = -1
@@ -124,37 +131,60 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         per_rank = self._per_rank_size()
         padding = _Padding(wanted=per_rank * self.num_processes if per_rank else 0)
+        first_batches: list[list[int]] = []  # batches of varying size fill a short last round with these
         to_skip, self.skip_samples = self.skip_samples, 0
         self.final_real_samples = -1
+        last_real = -1
         groups = self._groups()
-        pending = next(groups, None)
-        while pending is not None:
-            for part in pending:
+        group = next(groups, None)
+        while group is not None:
+            for part in group:
                 padding.observe(part)
-            upcoming = next(groups, None)
-            real = sum(len(part) for part in pending)
+            first_batches.extend(group[: self.num_processes - len(first_batches)])
+            real = sum(len(part) for part in group)
+            upcoming = None
             if to_skip >= real:
                 to_skip -= real
-                pending = upcoming
-                continue
-            if upcoming is None:
-                pending = self._finish_last_group(pending, padding, per_rank)
-                if pending is None:
-                    return
-                self.final_real_samples = real
-            if self.process_index < len(pending) and pending[self.process_index]:
-                yield pending[self.process_index]  # an uneven last split batch may leave this rank nothing
-            pending = upcoming
+            elif self._is_full(group, per_rank):
+                last_real = real
+                yield from self._part(group)
+            else:
+                # Only the last group can be short in a plain batch sampler: look ahead only then, so a full group is
+                # handed out without reading the next batch (the sampler's end-of-pass code, e.g. a seedable
+                # sampler's next epoch, runs no earlier than the loader's own one-batch look-ahead makes it).
+                upcoming = next(groups, None)
+                if upcoming is None:
+                    finished = self._finish_last_group(group, padding, per_rank, first_batches)
+                    if finished is None:  # dropped (drop_last)
+                        last_real = -1
+                        break
+                    last_real = real
+                    group = finished
+                yield from self._part(group)
+            group = upcoming if upcoming is not None else next(groups, None)
+        self.final_real_samples = last_real
 
-    def _finish_last_group(self, group: list[list[int]], padding: _Padding, per_rank: int | None) -> list[list[int]] | None:
-        full = len(group) == self.num_processes and all(len(p) == per_rank for p in group)
-        if full or self.num_processes == 1:
+    def _part(self, group: list[list[int]]) -> Iterator[list[int]]:
+        if self.process_index < len(group) and group[self.process_index]:
+            yield group[self.process_index]  # an uneven last split batch may leave this rank nothing
+
+    def _is_full(self, group: list[list[int]], per_rank: int | None) -> bool:
+        if len(group) != self.num_processes:
+            return False
+        return per_rank is None or all(len(part) == per_rank for part in group)
+
+    def _finish_last_group(self, group: list[list[int]], padding: _Padding, per_rank: int | None,
+                           first_batches: list[list[int]]) -> list[list[int]] | None:
+        if self.num_processes == 1:
             return group  # padding only exists to give every rank a batch: one process needs none
         if self.drop_last and not self.split_batches:
             return None  # an incomplete global batch is dropped like an incomplete batch
         if not self.even_batches:
             return group
-        if not per_rank or not padding.indices:
+        if per_rank is None:  # batches of varying size: whole batches from the epoch's start, cyclically
+            missing = self.num_processes - len(group)
+            return group + [first_batches[k % len(first_batches)] for k in range(missing)]
+        if not padding.indices:
             return group
         padded = [part + padding.take(per_rank - len(part)) for part in group]
         padded += [padding.take(per_rank) for _ in range(self.num_processes - len(group))]

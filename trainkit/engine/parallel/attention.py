@@ -50,13 +50,21 @@ def check_model(model: nn.Module, dimension: str) -> None:
     if not (name.endswith("ForCausalLM") or "ForCausalLM" in loss_type) or getattr(config, "is_encoder_decoder", False):
         raise ConfigError(f"{dimension}_size > 1 trains causal language models (…ForCausalLM, whose labels are "
                           f"shifted before the sequence is split); {name} is not one.")
+    refuse_layer_types(model, dimension)
+
+
+def refuse_layer_types(model: Any, dimension: str) -> None:
+    """Refuse a model whose config lists layers other than full attention (sliding, chunked, linear/recurrent
+    attention): a split sequence runs full causal attention only, so those layers would train differently."""
+    config = text_config(model)
     layer_types = getattr(config, "layer_types", None)
     other = sorted({kind for kind in layer_types or () if kind != "full_attention"})
     if layer_types is None and getattr(config, "sliding_window", None):
         other = ["sliding_attention"]
     if other:
-        raise ConfigError(f"{dimension}_size > 1: {name} has attention layers of type {other}; split sequences run "
-                          "full causal attention only, which would silently train those layers differently.")
+        raise ConfigError(f"{dimension}_size > 1: {type(model).__name__} has attention layers of type {other}; split "
+                          "sequences run full causal attention only, which would silently train those layers "
+                          "differently.")
 
 
 def inner_implementation(model: nn.Module, requested: str | None) -> str:

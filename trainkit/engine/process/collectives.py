@@ -6,6 +6,7 @@ collective per tensor (never a home-made one). Every rank must call them in the 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -79,24 +80,32 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 
 @verify_padding
 def pad_across_processes(data: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-    """Pad every tensor along ``dim`` to the largest size any process has, so they can be gathered."""
-    if _world() == 1:
-        return data
+    """Pad every tensor along ``dim`` (negative counts from the end) to the largest size any process has, so they
+    can be gathered. A tensor without that dimension is returned as it is; a nested tensor too, with a
+    ``CannotPadNestedTensorWarning``."""
+    world = _world()
 
     def _pad(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.ndim == 0 or dim >= tensor.ndim:
+        if tensor.is_nested:
+            from trainkit.utils.structures import CannotPadNestedTensorWarning
+
+            warnings.warn("pad_across_processes: a nested tensor cannot be padded; it is returned as it is.",
+                          CannotPadNestedTensorWarning, stacklevel=4)
             return tensor
-        size = torch.tensor([tensor.shape[dim]], device=tensor.device)
+        if world == 1 or not -tensor.ndim <= dim < tensor.ndim:
+            return tensor
+        axis = dim % tensor.ndim
+        size = torch.tensor([tensor.shape[axis]], device=tensor.device)
         longest = int(_gather_one(size).max())
-        if longest == tensor.shape[dim]:
+        if longest == tensor.shape[axis]:
             return tensor
         shape = list(tensor.shape)
-        shape[dim] = longest
+        shape[axis] = longest
         padded = tensor.new_full(shape, pad_index)
-        length = tensor.shape[dim]
+        length = tensor.shape[axis]
         region = slice(longest - length, longest) if pad_first else slice(0, length)
         index = [slice(None)] * tensor.ndim
-        index[dim] = region
+        index[axis] = region
         padded[tuple(index)] = tensor
         return padded
 

@@ -55,6 +55,11 @@ def notebook_launcher(function: Callable, args: tuple = (), num_processes: int |
                           monitor_interval=monitor_interval, log_line_prefix_template=log_line_prefix_template,
                           start_method=start_method)
     entrypoint = functools.update_wrapper(functools.partial(_run_in_fresh_state, function), function)
+    # torch's launcher names the run after the function; a functools.partial has no name of its own.
+    inner = getattr(function, "func", function)
+    for attribute in ("__name__", "__qualname__"):
+        setattr(entrypoint, attribute, getattr(function, attribute, None) or getattr(inner, attribute,
+                                                                                      type(function).__name__))
     return elastic_launch(config, entrypoint)(*args)
 
 

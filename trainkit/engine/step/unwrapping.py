@@ -66,9 +66,23 @@ def extract_model(model: nn.Module, *, keep_fp32_wrapper: bool = True, keep_torc
         compiled, model = model, _strip_parallel(_compiled_inner(model), strategy_unwrap)
     if recursive:
         model = _unwrap_children(model)
-    if not keep_fp32_wrapper and "_trainkit_original_forward" in model.__dict__:
-        model.forward = model.__dict__.pop("_trainkit_original_forward")
+    if not keep_fp32_wrapper:
+        _restore_forward(model)
     if keep_torch_compile and compiled is not None:
         compiled._orig_mod = model
         return compiled
     return model
+
+
+def _restore_forward(model: nn.Module) -> None:
+    """Undo a replaced forward: trainkit's (``_trainkit_original_forward``) or one a script or library stored under
+    Accelerate's name (``_original_forward``, e.g. before ``convert_outputs_to_fp32``)."""
+    for attribute in ("_trainkit_original_forward", "_original_forward"):
+        if attribute in model.__dict__:
+            original = model.__dict__.pop(attribute)
+            if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is \
+                    getattr(type(model).forward, "__func__", type(model).forward):
+                model.__dict__.pop("forward", None)  # the class's own forward again: nothing bound is left behind
+            else:
+                model.forward = original
+            return

@@ -34,6 +34,9 @@ class PreparedOptimizer(torch.optim.Optimizer):
     parameters) and ``scaler`` must be None or the Accelerator's own (fp16 scaling belongs to its precision).
     """
 
+    _is_accelerate_prepared = True
+    """Accelerate's mark on what ``prepare`` returned (libraries test it)."""
+
     def __init__(self, optimizer: torch.optim.Optimizer, device_placement: bool = True, scaler: Any = None, *,
                  precision: Precision | None = None, gradient_state: GradientState | None = None) -> None:
         # Optimizer.__init__ is deliberately not called: all state lives in the wrapped optimizer.
@@ -47,7 +50,7 @@ class PreparedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.precision = precision
         self.gradient_state = gradient_state
-        self._step_was_skipped = False
+        self._is_overflow = False  # Accelerate's attribute (scripts set it to simulate a skipped step)
         self.before_step: Any = None
         """Called before each real step (a DeepSpeed config's ``gradient_clipping`` clips there)."""
         self.placeholder: Any = optimizer
@@ -56,11 +59,11 @@ class PreparedOptimizer(torch.optim.Optimizer):
     @property
     def step_was_skipped(self) -> bool:
         """True when the last step was skipped because fp16 gradients overflowed."""
-        return self._step_was_skipped
+        return self._is_overflow
 
     @step_was_skipped.setter
     def step_was_skipped(self, value: bool) -> None:
-        self._step_was_skipped = value
+        self._is_overflow = value
 
     @property  # type: ignore[override]  # the wrapped optimizer's state, read through (Accelerate's AcceleratedOptimizer)
     def state(self) -> dict:
@@ -153,6 +156,9 @@ class PreparedScheduler:
     signature) builds one for the newest Accelerator: stepped once per process per optimizer step, or once
     with ``split_batches=True``.
     """
+
+    _is_accelerate_prepared = True
+    """Accelerate's mark on what ``prepare`` returned (libraries test it)."""
 
     def __init__(self, scheduler: Any, optimizers: Any, step_with_optimizer: bool = True, split_batches: bool = False,
                  *, gradient_state: GradientState | None = None, steps_per_call: int | None = None) -> None:

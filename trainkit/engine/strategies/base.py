@@ -211,9 +211,13 @@ class Strategy:
         if not state_dict.get("state"):
             _load_hyperparameters(optimizer, state_dict.get("param_groups", []))
             return
+        tuples = [{key for key, value in group.items() if isinstance(value, tuple)} for group in optimizer.param_groups]
         full, from_rank0 = _only_with_process_group(full, from_rank0)
         set_optimizer_state_dict(model, optimizer, state_dict, options=StateDictOptions(
             full_state_dict=full or from_rank0, broadcast_from_rank0=from_rank0))
+        # torch's full-state load hands tuples back as lists (Adam's betas); keep the types the optimizer had.
+        for group, keys in zip(optimizer.param_groups, tuples):
+            group.update({key: tuple(group[key]) for key in keys if isinstance(group.get(key), list)})
 
 
 def _only_with_process_group(full: bool, from_rank0: bool) -> tuple[bool, bool]:

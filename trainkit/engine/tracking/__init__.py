@@ -9,6 +9,7 @@ from trainkit.engine.tracking.registry import (
     OPTIONAL_TRACKERS,
     TRACKER_NAMES,
     available_trackers,
+    check_logging_directory,
     find_tracker,
     register_tracker,
     resolve_log_with,
@@ -20,5 +21,5 @@ from trainkit.engine.tracking.tensorboard import TensorBoardTracker
 from trainkit.engine.tracking.wandb import WandBTracker
 
 __all__ = ["OPTIONAL_TRACKERS", "TRACKER_NAMES", "GeneralTracker", "JSONLTracker", "MLflowTracker", "TensorBoardTracker",
-           "WandBTracker", "available_trackers", "find_tracker", "register_tracker", "resolve_log_with",
+           "WandBTracker", "available_trackers", "check_logging_directory", "find_tracker", "register_tracker", "resolve_log_with",
            "start_trackers", "tracker_classes", "tracker_names"]

@@ -3,20 +3,38 @@ tracker shares."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 logger = logging.getLogger("trainkit.engine.tracking")
+
+
+def on_main_process(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator for tracker methods: run on the main process only when the tracker's ``main_process_only`` is
+    true (read at call time, so building a tracker never creates the process state)."""
+
+    @functools.wraps(function)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(self, "main_process_only", False):
+            from trainkit.engine.process.state import ProcessState
+
+            if not ProcessState.get().is_main_process:
+                return None
+        return function(self, *args, **kwargs)
+
+    return wrapper
 
 
 class GeneralTracker:
     """Base class for trackers; subclass it to plug your own into ``Accelerator(log_with=[...])``.
 
     As in Accelerate, a subclass defines ``name``, ``requires_logging_directory`` and a ``tracker`` property
-    (the underlying run object); ``GeneralTracker.__init__`` checks them unless ``_blank=True``. Trackers with
-    ``main_process_only`` (the default) are only started and written on the main process.
+    (the underlying run object); ``GeneralTracker.__init__`` checks them unless ``_blank=True``. Every process
+    builds the trackers and calls ``start()``; methods decorated with :func:`on_main_process` (all of the built-in
+    trackers') do their work on the main process only while ``main_process_only`` (the default) is true.
     """
 
     name: str
@@ -46,6 +64,22 @@ class GeneralTracker:
 
     def finish(self) -> None:
         """Flush and close."""
+
+
+class LibraryTracker(GeneralTracker):
+    """A built-in tracker around a library's own object (``writer``, ``run``, ``active_run``): an attribute the
+    tracker does not have is read from that object, so ``get_tracker("tensorboard").add_images(...)`` works as
+    ``get_tracker("tensorboard", unwrap=True).add_images(...)`` does (Accelerate before 0.17 returned the object
+    itself, and scripts that gate on the installed Accelerate's version still call it that way)."""
+
+    library_attribute: str = ""
+    """The name of the attribute holding the library's object (set by :meth:`start`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        target = None if name.startswith("_") else self.__dict__.get(self.library_attribute)
+        if target is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(target, name)
 
 
 def jsonable(value: Any) -> Any:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from trainkit.engine.tracking.base import GeneralTracker, jsonable
+from trainkit.engine.tracking.base import GeneralTracker, on_main_process, jsonable
 
 
 
@@ -24,14 +24,26 @@ class JSONLTracker(GeneralTracker):
     requires_logging_directory = True
 
     def __init__(self, run_name: str, logging_dir: str) -> None:
+        super().__init__()
         self.directory = os.path.join(logging_dir, run_name)
-        os.makedirs(self.directory, exist_ok=True)
         self.path = os.path.join(self.directory, "metrics.jsonl")
 
+    @on_main_process
+    def start(self) -> None:
+        """Create the run's folder."""
+        os.makedirs(self.directory, exist_ok=True)
+
+    @property
+    def tracker(self) -> str:
+        """The metrics file (the JSONL log has no client object)."""
+        return self.path
+
+    @on_main_process
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
         with open(os.path.join(self.directory, "config.json"), "w", encoding="utf-8") as handle:
             json.dump(jsonable(dict(values)), handle, indent=2)
 
+    @on_main_process
     def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
         record = {"step": step, "time": round(time.time(), 3), **jsonable(dict(values))}
         with open(self.path, "a", encoding="utf-8") as handle:

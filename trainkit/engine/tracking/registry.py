@@ -60,30 +60,43 @@ def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTrac
 def start_trackers(run_name: str, logging_dir: str, log_with: list[str | GeneralTracker],
                    init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                    config: Mapping[str, Any] | None = None) -> list[GeneralTracker]:
-    """Create the JSONL tracker plus every requested one, each storing ``config`` (main process only)."""
+    """Build the JSONL tracker plus every requested one, ``start()`` each (tracker instances given in
+    ``log_with`` too), then store ``config`` in each (main process only), in Accelerate's order."""
     init_kwargs = init_kwargs or {}
     trackers: list[GeneralTracker] = [JSONLTracker(run_name, logging_dir)]
     for item in log_with:
         if isinstance(item, GeneralTracker):
             trackers.append(item)
         else:
-            trackers.append(_start_one(item, run_name, logging_dir, dict(init_kwargs.get(item, {}))))
+            trackers.append(_build_one(item, run_name, logging_dir, dict(init_kwargs.get(item, {}))))
+    for tracker in trackers:
+        tracker.start()
     if config is not None:
         for tracker in trackers:
             tracker.store_init_configuration(dict(config))
     return trackers
 
 
-def _start_one(name: str, run_name: str, logging_dir: str, kwargs: dict[str, Any]) -> GeneralTracker:
+def _build_one(name: str, run_name: str, logging_dir: str, kwargs: dict[str, Any]) -> GeneralTracker:
     """Accelerate's convention: the run name first, then the logging folder for trackers that need one."""
     tracker_cls: Any = OPTIONAL_TRACKERS[name][0]
     if name == "wandb":
         kwargs.setdefault("dir", logging_dir)  # W&B's files beside the other trackers'
-    if name == "mlflow":
-        return tracker_cls(run_name, logging_dir, **kwargs)
     if getattr(tracker_cls, "requires_logging_directory", False):
         return tracker_cls(run_name, logging_dir, **kwargs)
     return tracker_cls(run_name, **kwargs)
+
+
+def check_logging_directory(log_with: list[str | GeneralTracker], logging_dir: Any) -> list[str | GeneralTracker]:
+    """``log_with`` itself, once every tracker named there that writes into a folder has one (Accelerate refuses
+    ``log_with="tensorboard"`` without ``project_dir``/``logging_dir`` when the Accelerator is made)."""
+    if logging_dir is None:
+        for item in log_with:
+            cls = OPTIONAL_TRACKERS[item][0] if isinstance(item, str) and item in OPTIONAL_TRACKERS else None
+            if cls is not None and getattr(cls, "requires_logging_directory", False):
+                raise ValueError(f"Logging with `{item}` requires a `logging_dir`: pass project_dir=... (or "
+                                 "project_config=ProjectConfiguration(logging_dir=...)) to the Accelerator.")
+    return log_with
 
 
 def register_tracker(tracker_class: type[GeneralTracker]) -> None:

@@ -7,11 +7,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from trainkit.engine.tracking.base import GeneralTracker, jsonable, warn_skipped
+from trainkit.engine.tracking.base import LibraryTracker, on_main_process, jsonable, warn_skipped
 
 
 
-class TensorBoardTracker(GeneralTracker):
+class TensorBoardTracker(LibraryTracker):
     """Scalars to TensorBoard event files in ``<logging_dir>/<run_name>``.
 
     Numbers become scalars, strings text, and a dict of numbers one ``add_scalars`` group (each entry in
@@ -19,24 +19,37 @@ class TensorBoardTracker(GeneralTracker):
     """
 
     name = "tensorboard"
+    library_attribute = "writer"
     requires_logging_directory = True
 
     def __init__(self, run_name: str, logging_dir: str, **kwargs: Any) -> None:
         """Keywords go to ``SummaryWriter``; its ``log_dir`` (trainkit; Accelerate's tracker refuses it) writes
-        the event files in that folder instead of ``<logging_dir>/<run_name>`` (the Trainer's ``logging_dir``)."""
+        the event files in that folder instead of ``<logging_dir>/<run_name>`` (the Trainer's ``logging_dir``).
+        Nothing is created before :meth:`start` (``init_trackers`` calls it), as in Accelerate."""
+        super().__init__()
+        self.run_name = run_name
+        self.logging_dir_param = logging_dir
+        self.logging_dir = kwargs.pop("log_dir", None) or os.path.join(logging_dir, run_name)
+        """The folder of this run's event files (Accelerate's attribute)."""
+        self.init_kwargs = kwargs
+
+    @on_main_process
+    def start(self) -> None:
+        """Open the ``SummaryWriter``."""
         from torch.utils.tensorboard import SummaryWriter
 
-        folder = kwargs.pop("log_dir", None) or os.path.join(logging_dir, run_name)
-        self.writer = SummaryWriter(folder, **kwargs)
+        self.writer = SummaryWriter(self.logging_dir, **self.init_kwargs)
 
     @property
     def tracker(self) -> Any:
         """The ``SummaryWriter``."""
         return self.writer
 
+    @on_main_process
     def store_init_configuration(self, values: Mapping[str, Any]) -> None:
         self.writer.add_text("config", json.dumps(jsonable(dict(values)), indent=2))
 
+    @on_main_process
     def log(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
         for key, value in values.items():
             value = jsonable(value)
@@ -50,6 +63,14 @@ class TensorBoardTracker(GeneralTracker):
                 warn_skipped(self.name, key, value)
         self.writer.flush()
 
+    @on_main_process
+    def log_images(self, values: Mapping[str, Any], step: int | None = None, **kwargs: Any) -> None:
+        """Each value is a batch of images (``SummaryWriter.add_images``; ``kwargs`` such as ``dataformats`` go there)."""
+        for key, images in values.items():
+            self.writer.add_images(key, images, global_step=step, **kwargs)
+        self.writer.flush()
+
+    @on_main_process
     def finish(self) -> None:
         self.writer.close()
 

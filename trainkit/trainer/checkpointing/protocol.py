@@ -17,7 +17,6 @@ if TYPE_CHECKING:
 
     from ..arguments import TrainingArguments
     from ..callbacks import CallbackHandler, TrainerState
-    from ..hub import HubUploader
 
 
 class CheckpointedTrainer(Protocol):
@@ -25,6 +24,9 @@ class CheckpointedTrainer(Protocol):
 
     state: TrainerState
     """Saved with each checkpoint; replaced by the checkpoint's own on resume."""
+
+    _engine_saved_weights_to: str | None
+    """The checkpoint folder being written while ``save_model`` runs in it: the engine wrote the weights there."""
 
     @property
     def args(self) -> TrainingArguments:
@@ -50,16 +52,17 @@ class CheckpointedTrainer(Protocol):
     def lr_scheduler(self) -> Any:
         """The schedule: a transformers checkpoint's ``scheduler.pt`` is loaded into it."""
 
-    @property
-    def processing_class(self) -> Any:
-        """Saved beside the weights when it has ``save_pretrained``."""
-
-    @property
-    def hub(self) -> HubUploader | None:
-        """Uploads each checkpoint under ``hub_strategy``; None without ``push_to_hub``."""
-
     def is_world_process_zero(self) -> bool:
         """True on the one process that writes the run's own files."""
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Collective: the model's files in ``output_dir`` (in a checkpoint: all but the engine's weights)."""
+
+    def _stateful_callbacks(self) -> list[Any]:
+        """The callbacks and control whose states ``trainer_state.json`` stores."""
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Main process: upload a committed checkpoint as ``hub_strategy`` says."""
 
     _trial: Any
     """The hyperparameter-search trial being trained (None outside a search)."""

@@ -13,16 +13,15 @@ batches itself.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from trainkit.engine.checkpoint.global_batch import BatchShape, keep_global_batch, saved_batch_shape
+from trainkit.engine.checkpoint import BatchShape, keep_global_batch
 from trainkit.engine.data import PreparedDataLoader
 
-from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, has_engine_state, load_model_weights, training_loaders
+from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, training_loaders
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import CheckpointedTrainer as Trainer
@@ -47,50 +46,42 @@ START = ResumePoint(0, 0)
 
 def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_per_epoch: int | None, *,
                     verify_checksums: bool = True) -> ResumePoint:
-    """Collective: load ``folder`` into ``trainer`` (weights, optimizer, schedule, RNG, data position, state).
-    ``verify_checksums=False``: sizes only, for a folder the caller has just verified."""
-    from ..callbacks import TrainerState
-
-    if trainer.accelerator.is_main_process:
+    """Collective: load the engine's state of ``folder`` (optimizer, schedule, random states, data position; not
+    the weights, which ``Trainer._load_from_checkpoint`` loads, as in transformers) into the prepared objects: the
+    checkpointer is asked once to resume from it. Returns where the loop picks up in its first epoch.
+    ``trainer.state`` is the checkpoint's already (``_init_training_state``). ``verify_checksums=False``: sizes only,
+    for a folder the caller has just verified."""
+    accelerator = trainer.accelerator
+    if accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
-    position_restored = False
-    if has_engine_state(folder):
-        # Verifies the manifest first; nothing is half-loaded.
-        trainer.accelerator.load_state(folder, dataloaders=training_loaders(train_dataloader),
-                                       verify_checksums=verify_checksums, keep_global_batch=False)
-        position_restored = isinstance(train_dataloader, PreparedDataLoader) and train_dataloader.resume_mid_epoch
-    else:
-        if trainer.accelerator.is_main_process:
-            logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
-                           "states start afresh, so the run will not continue exactly.", folder)
-        load_model_weights(trainer, folder, checksums=verify_checksums)
-    loaded = TrainerState.load_from_json(os.path.join(folder, TRAINER_STATE_NAME))
-    _warn_about_changed_plan(trainer, loaded, folder)
-    _adopt_state(trainer, loaded)
-
+    # Verified first; nothing is half-loaded. The Trainer owns the accumulation (keep_global_batch_on_resume).
+    resumed = accelerator.checkpointer.resume(folder, dataloaders=training_loaders(train_dataloader),
+                                              verify_checksums=verify_checksums, keep_global_batch=False,
+                                              load_models=False)  # the weights: the Trainer's _load_from_checkpoint
+    position_restored = (resumed.engine_state and isinstance(train_dataloader, PreparedDataLoader)
+                         and train_dataloader.resume_mid_epoch)
+    if not resumed.engine_state and accelerator.is_main_process:
+        logger.warning("%s holds the weights only (save_only_model): the optimizer, schedule and random "
+                       "states start afresh, so the run will not continue exactly.", folder)
     if trainer.args.ignore_data_skip:  # transformers' meaning: the current epoch starts again from its first batch
         if position_restored:
             train_dataloader.progress.move_to(train_dataloader.progress.epoch)
         return START
-    steps_done = loaded.global_step % steps_per_epoch if steps_per_epoch else 0
+    global_step = trainer.state.global_step
+    steps_done = global_step % steps_per_epoch if steps_per_epoch else 0
     if position_restored or not steps_per_epoch:
         return ResumePoint(steps_done, 0)  # the loader continues at its next sample by itself
-    return ResumePoint(steps_done, steps_done * trainer.accelerator.config.gradient_accumulation_steps)
+    return ResumePoint(steps_done, steps_done * accelerator.config.gradient_accumulation_steps)
 
 
 def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader: Any) -> None:
     """Before the run is planned: on another world size than ``folder`` was saved on, rescale the run's
     accumulation (``accelerator.config``; the arguments stay as written) so the global batch stays
     (engine/checkpoint/global_batch.py decides, and refuses where it does not divide); says what changed."""
-    args_path = os.path.join(folder, TRAINING_ARGS_NAME)
-    if not os.path.isfile(args_path):
+    accelerator = trainer.accelerator
+    saved = accelerator.checkpointer.saved_batch_shape(folder, accumulation_from=TRAINING_ARGS_NAME)
+    if saved is None:
         return
-    with open(args_path, encoding="utf-8") as handle:
-        saved_accumulation = json.load(handle).get("gradient_accumulation_steps")
-    saved = saved_batch_shape(folder, accumulation=saved_accumulation)
-    if saved is None or saved_accumulation is None:
-        return
-    args, accelerator = trainer.args, trainer.accelerator
     current = BatchShape(accelerator.num_processes, getattr(train_dataloader, "global_batch_size", None),
                          accelerator.config.gradient_accumulation_steps)
     rescale = keep_global_batch(saved, current, folder)
@@ -102,17 +93,30 @@ def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader:
         logger.warning("trainkit: %s", rescale.describe(previous, accelerator.num_processes))
 
 
-def saved_train_batch_size(folder: str) -> int | None:
-    """The per-process training batch size ``folder``'s run used (its trainer_state.json), None if unknown."""
+def load_trainer_state(trainer: Trainer, folder: str) -> Any:
+    """The TrainerState of ``folder``'s ``trainer_state.json``, read where the checkpoint is stored (a folder or an
+    object store); unknown keys are left out, as ``TrainerState.load_from_json`` (which reads a local file) would
+    fail on them."""
     from ..callbacks import TrainerState
 
-    path = os.path.join(folder, TRAINER_STATE_NAME)
-    if not os.path.isfile(path):
-        return None
-    return TrainerState.load_from_json(path).train_batch_size
+    data = trainer.accelerator.checkpointer.read_json(folder, TRAINER_STATE_NAME)
+    if data is None:
+        raise FileNotFoundError(f"{folder} has no {TRAINER_STATE_NAME}: it is not a Trainer checkpoint.")
+    known = {field.name for field in dataclasses.fields(TrainerState)}
+    ignored = sorted(set(data) - known)
+    if ignored:
+        logger.info("%s: ignoring keys %s", TRAINER_STATE_NAME, ignored)
+    return TrainerState(**{key: value for key, value in data.items() if key in known})
 
 
-def _warn_about_changed_plan(trainer: Trainer, loaded: Any, folder: str) -> None:
+def saved_train_batch_size(trainer: Trainer, folder: str) -> int | None:
+    """The per-process training batch size ``folder``'s run used (its trainer_state.json, read where the checkpoint
+    is stored), None if unknown."""
+    state = trainer.accelerator.checkpointer.read_json(folder, TRAINER_STATE_NAME)
+    return None if state is None else state.get("train_batch_size")
+
+
+def warn_about_changed_plan(trainer: Trainer, loaded: Any, folder: str) -> None:
     """One warning listing the intervals and batch size that differ from the checkpoint's (the run keeps its own)."""
     pairs = [(name, getattr(trainer.state, name), getattr(loaded, name)) for name in ("logging_steps", "eval_steps", "save_steps")]
     pairs.append(("per_device_train_batch_size", trainer.state.train_batch_size, loaded.train_batch_size))
@@ -123,16 +127,9 @@ def _warn_about_changed_plan(trainer: Trainer, loaded: Any, folder: str) -> None
                        folder, "\n  ".join(changed))
 
 
-def _adopt_state(trainer: Trainer, loaded: Any) -> None:
+def adopt_state(trainer: Trainer, loaded: Any) -> None:
     """Take the checkpoint's TrainerState, keeping what describes this run (its plan, its process)."""
     for name in ("max_steps", "num_train_epochs", "train_batch_size", "logging_steps", "eval_steps", "save_steps",
                  "is_local_process_zero", "is_world_process_zero"):
         setattr(loaded, name, getattr(trainer.state, name))
     trainer.state = loaded
-    if not trainer.args.restore_callback_states_from_checkpoint:
-        return  # transformers' default: callbacks keep the state they were created with
-    for callback in trainer.callback_handler.callbacks:
-        saved = loaded.stateful_callbacks.get(type(callback).__name__)
-        if isinstance(saved, dict):
-            for key, value in saved.get("attributes", {}).items():
-                setattr(callback, key, value)

@@ -29,7 +29,7 @@ from trainkit.engine.checkpoint import model_state, serialization
 from trainkit.engine.checkpoint.errors import CheckpointMismatchError
 
 from .files import TRAINER_STATE_NAME, prepared_model
-from .resume import ResumePoint, _adopt_state
+from .resume import ResumePoint
 
 if TYPE_CHECKING:
     from .protocol import CheckpointedTrainer as Trainer
@@ -83,8 +83,15 @@ def _with_tied_aliases(trainer: Trainer, model: Any, state: dict[str, torch.Tens
     return state
 
 
-def _load_weights(trainer: Trainer, folder: str) -> None:
-    model, strategy = prepared_model(trainer), trainer.accelerator.strategy
+def load_transformers_weights(trainer: Trainer, folder: str, model: Any = None) -> None:
+    """Collective: the weights of a transformers checkpoint into ``model`` (default: the prepared model), keys
+    checked first (``Trainer._load_from_checkpoint`` on such a folder)."""
+    names = os.listdir(folder)
+    for prefix, what in UNSUPPORTED.items():
+        if any(name.startswith(prefix) for name in names):
+            raise ValueError(f"{folder} is {what} written by transformers' Trainer; trainkit resumes transformers' "
+                             "full-weight checkpoints (model.safetensors, optimizer.pt, scheduler.pt).")
+    model, strategy = prepared_model(trainer) if model is None else model, trainer.accelerator.strategy
     state = _with_tied_aliases(trainer, model, _read_weights(folder))
     model_state.compare_keys(f"model (transformers checkpoint {folder})", model_state.expected_model_shapes(strategy, model),
                              {key: tuple(value.shape) for key, value in state.items()})
@@ -136,18 +143,11 @@ def _random_states_restorer(trainer: Trainer, folder: str) -> Callable[[], None]
 
 
 def resume_transformers_checkpoint(trainer: Trainer, folder: str, steps_per_epoch: int | None) -> ResumePoint:
-    """Collective: load a transformers checkpoint into ``trainer``; return where (and when to restore the random
+    """Collective: the optimizer, schedule and scaler of a transformers checkpoint into ``trainer`` (its weights and
+    ``trainer_state.json`` are loaded by the Trainer's hooks before); return where (and when to restore the random
     states) the loop continues, as transformers' own resume would."""
-    from ..callbacks import TrainerState
-
-    names = os.listdir(folder)
-    for prefix, what in UNSUPPORTED.items():
-        if any(name.startswith(prefix) for name in names):
-            raise ValueError(f"{folder} is {what} written by transformers' Trainer; trainkit resumes transformers' "
-                             "full-weight checkpoints (model.safetensors, optimizer.pt, scheduler.pt).")
     if trainer.accelerator.is_main_process:
         logger.info("Resuming from %s, a checkpoint transformers' Trainer wrote", folder)
-    _load_weights(trainer, folder)
     if os.path.isfile(os.path.join(folder, "optimizer.pt")):
         _load_optimizer(trainer, folder)
     if os.path.isfile(os.path.join(folder, "scheduler.pt")):
@@ -155,10 +155,8 @@ def resume_transformers_checkpoint(trainer: Trainer, folder: str, steps_per_epoc
     scaler = getattr(trainer.accelerator, "scaler", None)
     if scaler is not None and os.path.isfile(os.path.join(folder, "scaler.pt")):
         scaler.load_state_dict(_load(os.path.join(folder, "scaler.pt")))
-    loaded = TrainerState.load_from_json(os.path.join(folder, TRAINER_STATE_NAME))
-    _adopt_state(trainer, loaded)
     restore = _random_states_restorer(trainer, folder)
     if trainer.args.ignore_data_skip or not steps_per_epoch:  # the epoch starts again from its first batch
         return ResumePoint(0, 0, restore)
-    steps_done = loaded.global_step % steps_per_epoch
+    steps_done = trainer.state.global_step % steps_per_epoch
     return ResumePoint(steps_done, steps_done * trainer.accelerator.config.gradient_accumulation_steps, restore)

@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from .backends import backend_named
-from .trial import (call_model_init, describe_trial, hp_search_setup, report_to_hp_search, run_output_dir,
+from .trial import (call_model_init, hp_search_setup, report_to_hp_search, run_output_dir,
                     save_for_tune, start_trial)
 
 
@@ -84,5 +84,5 @@ def _check_directions(direction: str | list[str]) -> None:
             raise ValueError(f"hyperparameter_search(direction={direction!r}): each direction is 'minimize' or 'maximize'.")
 
 
-__all__ = ["HyperparameterSearchMethods", "call_model_init", "describe_trial", "hp_search_setup", "hyperparameter_search", "report_to_hp_search",
+__all__ = ["HyperparameterSearchMethods", "call_model_init", "hp_search_setup", "hyperparameter_search", "report_to_hp_search",
            "run_output_dir", "start_trial"]

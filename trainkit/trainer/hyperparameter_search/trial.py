@@ -86,7 +86,7 @@ def _fresh_engine(trainer: Any) -> None:
     and data loaders are prepared by it (transformers recreates its accelerator likewise)."""
     from ..callbacks import TrackerCallback
 
-    trainer.accelerator = trainer.create_accelerator()
+    trainer.create_accelerator_and_postprocess()
     for callback in trainer.callback_handler.engine_callbacks:
         if isinstance(callback, TrackerCallback):
             callback.accelerator, callback.started = trainer.accelerator, False
@@ -94,17 +94,6 @@ def _fresh_engine(trainer: Any) -> None:
     trainer.callback_handler.model = trainer.model
     trainer._eval_dataloaders = {}
     trainer._model_prepared = trainer._optimizer_prepared = False
-
-
-def describe_trial(trainer: Any) -> None:
-    """``state.trial_name`` (from ``hp_name``) and ``state.trial_params`` of the trial being trained."""
-    trial = getattr(trainer, "_trial", None)
-    hp_name = getattr(trainer, "hp_name", None)
-    if trial is None:
-        return
-    if hp_name is not None:
-        trainer.state.trial_name = hp_name(trial)
-    trainer.state.trial_params = dict(trial.params) if hasattr(trial, "params") else dict(trial)
 
 
 def run_output_dir(trainer: Any, trial: Any) -> str:

@@ -1,0 +1,24 @@
+"""``accelerate.big_modeling``'s path: ``init_empty_weights`` and ``init_on_device`` work (building a model
+without memory is part of training); the dispatch and offload functions of big-model inference are named and
+refuse when used (see ``trainkit.utils.unsupported``)."""
+
+from typing import Any
+
+from trainkit.utils.modeling import init_empty_weights, init_on_device
+from trainkit.utils.unsupported import refusing_module
+
+_REFUSED = ("attach_layerwise_casting_hooks", "cpu_offload", "cpu_offload_with_hook", "disk_offload",
+            "dispatch_model", "load_checkpoint_and_dispatch")
+
+__all__ = ["init_empty_weights", "init_on_device", *_REFUSED]
+
+
+def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:
+    """Accelerate's (private) name for the check trainkit runs on every model prepared with ``sp_size > 1``:
+    layers other than full attention (linear/recurrent, sliding, chunked) are refused (a ``ValueError``)."""
+    from trainkit.engine.parallel.attention import refuse_layer_types
+
+    refuse_layer_types(model, "sp")
+
+
+__getattr__ = refusing_module(__name__, _REFUSED)
