@@ -72,3 +72,20 @@ def test_the_metrics_log_is_not_nested_in_a_folder_named_like_output_dir(tmp_pat
     assert not (tmp_path / "out" / "out").exists()
     Trainer(model=EchoModel(), args=_args(Path("out"), run_name="named"), train_dataset=IndexDataset()).train()
     assert (tmp_path / "out" / "named" / "metrics.jsonl").is_file()
+
+
+def test_throughput_goes_to_the_metrics_log_not_to_log_history(tmp_path):
+    """Per-step entries of log_history (and the callbacks' logs) hold transformers' keys only; the speeds trainkit
+    measures are in metrics.jsonl, on the same line as the step's loss."""
+    import json
+
+    trainer = Trainer(model=EchoModel(), args=_args(tmp_path / "out"), train_dataset=IndexDataset())
+    trainer.train()
+    steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(steps) == 2 and all(set(entry) == {"loss", "grad_norm", "learning_rate", "epoch", "step"}
+                                   for entry in steps)
+    lines = [json.loads(line) for line in (tmp_path / "out" / "logs" / "metrics.jsonl").read_text().splitlines()]
+    logged = [line for line in lines if "loss" in line]
+    assert len(logged) == 2
+    assert all({"samples_per_second", "step_time"} <= set(line) and line["samples_per_second"] > 0 for line in logged)
+    assert [line["loss"] for line in logged] == [entry["loss"] for entry in steps]

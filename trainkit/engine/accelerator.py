@@ -297,11 +297,13 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         return self.strategy.no_sync(model)
 
     def open_accumulation_window(self, num_micro_batches: int, local_items: torch.Tensor | int | None = None, *,
-                                 same_items_on_every_process: bool = False) -> torch.Tensor | int | None:
+                                 same_items_on_every_process: bool = False,
+                                 items_are_global: bool = False) -> torch.Tensor | int | None:
         """Open a window of exactly ``num_micro_batches`` ``accumulate`` blocks whose losses are this process's
-        shares of the window's global loss (see docs/engine.md); return its items summed over processes."""
+        shares of the window's global loss (see docs/engine.md); return its items summed over processes
+        (``items_are_global``: ``local_items`` already counts every process's)."""
         global_items = local_items
-        if local_items is not None:
+        if local_items is not None and not items_are_global:
             # Tensor-parallel ranks read the same batch: the sum over all processes counts it tp times.
             copies = self.num_processes // self.strategy.data_parallel_size
             global_items = sum_across_processes(

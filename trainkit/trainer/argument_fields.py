@@ -43,6 +43,14 @@ def installed_transformers_version() -> str:
     return transformers.__version__
 
 
+def installed_transformers_release() -> tuple[int, int]:
+    """The installed transformers' (major, minor), for behaviour that changed between releases."""
+    from packaging.version import Version
+
+    release = Version(installed_transformers_version()).release
+    return release[0], release[1] if len(release) > 1 else 0
+
+
 def is_newer_than_known(version: str | None = None) -> bool:
     """Whether ``version`` (default: the installed transformers) is newer than :data:`NEWEST_KNOWN_TRANSFORMERS`."""
     from packaging.version import Version  # a transformers dependency

@@ -529,6 +529,8 @@ class TrackerCallback(TrainerCallback):
     def __init__(self, accelerator: Accelerator) -> None:
         self.accelerator = accelerator
         self.started = False
+        self.extra: dict[str, float] = {}
+        """Values for the trackers only, written with the next log (the Trainer's throughput: meter.THROUGHPUT_KEYS)."""
 
     def _start(self, args: TrainingArguments) -> None:
         if not self.started:
@@ -549,7 +551,16 @@ class TrackerCallback(TrainerCallback):
         if logs:
             self._start(args)
             numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            numbers.update(self.extra)
+            self.extra = {}
             self.accelerator.log(numbers, step=state.global_step)
+
+
+def add_to_next_tracker_log(handler: CallbackHandler, values: dict[str, float]) -> None:
+    """Have the trackers write ``values`` with the next log, outside ``state.log_history`` and the callbacks' logs."""
+    for callback in handler.engine_callbacks:
+        if isinstance(callback, TrackerCallback):
+            callback.extra.update(values)
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:

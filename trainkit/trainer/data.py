@@ -7,6 +7,7 @@ are built in :mod:`.loaders`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from collections.abc import Mapping
@@ -122,8 +123,8 @@ def split_loss(outputs: Any, ignore_keys: list[str]) -> tuple[torch.Tensor | Non
 class ItemCounter:
     """Counts the items a micro-batch's mean loss averages over: valid tokens for token-level labels, else samples.
 
-    A causal LM's loss shifts its labels by one, so position 0 is never a target and is not counted
-    (the same rule transformers uses for ``num_items_in_batch``).
+    A causal LM's loss shifts its labels by one, so position 0 is never a target and is not counted. (For a loss
+    divided by ``num_items_in_batch`` the count is transformers' own: trainer/loss_items.py.)
     """
 
     def __init__(self, model: nn.Module, label_names: list[str]) -> None:
@@ -164,3 +165,4 @@ def tokens_in(inputs: Any, main_input_name: str, non_padding: bool) -> int | tor
         return inputs["attention_mask"].sum()
     main = inputs.get(main_input_name)
     return main.numel() if isinstance(main, torch.Tensor) else 0
+

@@ -22,6 +22,7 @@ from torch import nn
 
 from trainkit.engine.process.nested import map_tensors
 
+from . import loss_items
 from .data import call_model, split_loss
 from .plan import length_or_none
 
@@ -273,7 +274,7 @@ def _plain_number(value):
 
 
 def speed_metrics(prefix: str, start_time: float, num_samples: int | None = None, num_steps: int | None = None,
-                  num_tokens: int | None = None) -> dict[str, float]:
+                  num_tokens: float | None = None) -> dict[str, float]:
     """``{prefix}_runtime``, ``_samples_per_second``, ``_steps_per_second`` and ``_tokens_per_second`` since
     ``start_time`` (a ``time.time()``, as transformers' ``Trainer.log(logs, start_time)`` takes it)."""
     runtime = time.time() - start_time
@@ -425,11 +426,10 @@ class EvaluationMethods:
             labels = labels[0] if len(labels) == 1 else labels
         with torch.no_grad():
             if has_labels:
-                num_items = self._get_num_items_in_batch([inputs], self.accelerator.device)
-                if isinstance(num_items, int):
-                    num_items = torch.tensor(num_items, device=self.accelerator.device)
+                num_items = loss_items.evaluation_items(self, inputs)  # as transformers counts them
                 with self.compute_loss_context_manager():
                     loss, outputs = self.compute_loss(model, inputs, return_outputs=True, num_items_in_batch=num_items)
+                loss = loss_items.evaluation_loss(self, loss, num_items)
                 _, predictions = split_loss(outputs, ignore_keys)
             else:
                 with self.compute_loss_context_manager():

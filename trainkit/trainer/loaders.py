@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from . import wiring
 from .data import LABEL_COLUMN_ALIASES, UnusedColumnsDropper
 
 if TYPE_CHECKING:
@@ -56,12 +55,16 @@ class DataLoaderMethods:
         _count_items: ItemCounter
         callback_handler: CallbackHandler
 
+        def _get_train_sampler(self, train_dataset: Any = None) -> Any: ...
+
+        def _get_eval_sampler(self, eval_dataset: Any) -> Any: ...
+
     def get_train_dataloader(self) -> DataLoader:
         """The training DataLoader, shuffled with ``data_seed`` and sharded across processes by the engine."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train() needs a train_dataset.")
         return self._get_dataloader(self.train_dataset, "Training", self._train_batch_size,
-                                    sampler_fn=functools.partial(wiring.train_sampler, self), is_training=True)
+                                    sampler_fn=self._get_train_sampler, is_training=True)
 
     def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
         """The evaluation DataLoader of ``eval_dataset`` (a dataset, or the name of one of ``self.eval_dataset``'s),
@@ -78,7 +81,7 @@ class DataLoaderMethods:
         if persistent and id(eval_dataset) in self._eval_dataloaders:
             return self._eval_dataloaders[id(eval_dataset)]
         loader = self._get_dataloader(eval_dataset, "Evaluation", self.args.per_device_eval_batch_size,
-                                      sampler_fn=SequentialSampler, dataloader_key=key)
+                                      sampler_fn=self._get_eval_sampler, dataloader_key=key)
         if persistent:
             self._eval_dataloaders[id(eval_dataset)] = loader
         return loader
@@ -86,7 +89,7 @@ class DataLoaderMethods:
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """The prediction DataLoader for ``test_dataset`` (in order, nothing dropped)."""
         return self._get_dataloader(test_dataset, "test", self.args.per_device_eval_batch_size,
-                                    sampler_fn=SequentialSampler)
+                                    sampler_fn=self._get_eval_sampler)
 
     def _get_dataloader(self, dataset: Any, description: str, batch_size: int,
                         sampler_fn: Callable[[Any], Any] | None = None, is_training: bool = False,
@@ -107,6 +110,11 @@ class DataLoaderMethods:
             if sampler is None:
                 sampler = RandomSampler(dataset) if is_training else SequentialSampler(dataset)
         workers = args.dataloader_num_workers
+        worker_init_fn = None
+        if is_training and sampler is not None:  # transformers seeds a map-style training loader's workers
+            from transformers.trainer_utils import seed_worker
+
+            worker_init_fn = functools.partial(seed_worker, num_workers=workers, rank=args.process_index)
         loader = DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator,
             drop_last=args.dataloader_drop_last if is_training else False, num_workers=workers,
@@ -114,6 +122,7 @@ class DataLoaderMethods:
             persistent_workers=args.dataloader_persistent_workers if workers else False,
             prefetch_factor=args.dataloader_prefetch_factor if workers else None,
             multiprocessing_context=args.dataloader_multiprocessing_context, in_order=args.dataloader_in_order,
+            worker_init_fn=worker_init_fn,
         )
         return self.accelerator.prepare(loader)
 
@@ -177,35 +186,3 @@ class DataLoaderMethods:
             raise ValueError("The batch is empty: check that the dataset has the columns the model takes "
                              f"({', '.join(self._signature_columns or [])}).")
         return inputs
-
-    def get_batch_samples(self, epoch_iterator: Iterator[Any], num_batches: int,
-                          device: torch.device) -> tuple[list[Any], torch.Tensor | int | None]:
-        """The next ``num_batches`` micro-batches (fewer at the end of the data) and their item count summed over
-        processes: what one optimizer step trains on. Opens the engine's accumulation window for them."""
-        batch_samples = []
-        for _ in range(num_batches):
-            try:
-                batch_samples.append(next(epoch_iterator))
-            except StopIteration:
-                break
-        if not batch_samples:
-            return batch_samples, None
-        local_items = self._get_num_items_in_batch(batch_samples, device)
-        fixed_batches = getattr(self.callback_handler.train_dataloader, "global_batch_size", None) is not None
-        # Every rank's batches have one size: the sample count is the same everywhere, no collective needed.
-        # average_tokens_across_devices=False (transformers' meaning): each process normalises by its own items,
-        # so the gradient is the mean of the processes' mean losses; taken as local items x processes, unsummed.
-        same_everywhere = isinstance(local_items, int) and fixed_batches and self.accelerator.even_batches
-        num_items = self.accelerator.open_accumulation_window(
-            len(batch_samples), local_items,
-            same_items_on_every_process=same_everywhere or not self.args.average_tokens_across_devices)
-        if isinstance(num_items, int):
-            num_items = torch.tensor(num_items, device=device)
-        return batch_samples, num_items
-
-    def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device) -> torch.Tensor | int | None:
-        """This process's loss items in ``batch_samples``: label tokens other than -100 (without the first position
-        of a causal LM's labels) for token labels, else samples."""
-        counts = [self._count_items(batch) for batch in batch_samples]
-        total = sum(counts[1:], counts[0]) if counts else None
-        return total.to(device) if isinstance(total, torch.Tensor) else total

@@ -118,20 +118,29 @@ class TrainingMeter:
 
     @property
     def train_loss(self) -> float:
-        """Mean loss over every step flushed so far."""
-        return self.total_loss / self.total_steps if self.total_steps else float("nan")
+        """Mean loss over every step flushed so far; 0.0 before any (a run resumed from its last checkpoint trains
+        no step: transformers reports 0.0 then)."""
+        return self.total_loss / self.total_steps if self.total_steps else 0.0
+
+
+THROUGHPUT_KEYS = ("samples_per_second", "tokens_per_second", "step_time", "mfu")
+"""What trainkit measures beyond transformers' per-step log: written to the trackers (metrics.jsonl, TensorBoard...)
+with the step's log, never into ``state.log_history`` or the callbacks' ``logs``."""
 
 
 def training_logs(values: dict[str, float], grad_norm: Any, learning_rate: float) -> dict[str, float]:
-    """The periodic training log line from the meter's ``flush()``: loss, grad_norm, learning_rate and speeds."""
+    """The periodic training log from the meter's ``flush()``, with transformers' keys: loss, grad_norm (when
+    clipping measured one) and learning_rate (``Trainer.log`` adds the epoch)."""
     logs: dict[str, float] = {"loss": values["loss"]}
     if grad_norm is not None:
         logs["grad_norm"] = float(grad_norm)
     logs["learning_rate"] = learning_rate
-    for key in ("samples_per_second", "tokens_per_second", "step_time", "mfu"):
-        if key in values:
-            logs[key] = values[key]
     return logs
+
+
+def throughput_logs(values: dict[str, float]) -> dict[str, float]:
+    """The speeds of the meter's ``flush()`` (:data:`THROUGHPUT_KEYS` it measured), for the trackers only."""
+    return {key: values[key] for key in THROUGHPUT_KEYS if key in values}
 
 
 def flops_parameters(model: Any) -> int:

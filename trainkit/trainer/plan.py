@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -52,6 +53,19 @@ def loader_epoch(dataloader: Any) -> int:
     """The epoch a loader stands in (a restored stream's), where steps per epoch are unknown."""
     progress = getattr(dataloader, "progress", None)
     return progress.epoch if progress is not None else 0
+
+
+def window_sizes(train_dataloader: Any, accumulation_steps: int, steps_per_epoch: int | None,
+                 steps_done: int) -> Iterator[int]:
+    """How many micro-batches each remaining window of an epoch reads (what transformers asks ``get_batch_samples``
+    for): ``accumulation_steps``, the last window of the epoch the rest; unbounded for a stream without a length
+    (``steps_per_epoch`` None)."""
+    if steps_per_epoch is None:
+        while True:
+            yield accumulation_steps
+    last = len(train_dataloader) % accumulation_steps or accumulation_steps
+    for step in range(steps_done, steps_per_epoch):
+        yield accumulation_steps if step < steps_per_epoch - 1 else last
 
 
 class TrainingValues(NamedTuple):

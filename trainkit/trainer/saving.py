@@ -69,6 +69,8 @@ class SavingMethods:
         accelerator: Accelerator
         model: nn.Module
         model_wrapped: nn.Module
+        optimizer: Any
+        lr_scheduler: Any
         processing_class: Any
         data_collator: Any
         state: TrainerState

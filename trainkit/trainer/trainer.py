@@ -33,10 +33,10 @@ from torch import nn
 
 from trainkit.utils.enums import DistributedType
 
-from . import hyperparameter_search as hp_search, optim, wiring
+from . import hyperparameter_search as hp_search, loss_items, optim, wiring
 from .arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
-                        TrainerControl, TrainerState)
+                        TrainerControl, TrainerState, add_to_next_tracker_log)
 from .checkpointing import files as checkpoints, preemption, resume
 from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
@@ -45,11 +45,12 @@ from .deepspeed import scheduler_from_config
 from .evaluation import EvaluationMethods, speed_metrics
 from .hooks import announce_overridden_hooks
 from .loaders import DataLoaderMethods
-from .meter import TrainingMeter, flops_parameters, training_logs
+from .meter import TrainingMeter, flops_parameters, throughput_logs, training_logs
 from .neftune import neftune_while_training
 from .optim import build_scheduler
-from .plan import PlanMethods, length_or_none, loader_epoch, log_plan
+from .plan import PlanMethods, length_or_none, loader_epoch, log_plan, window_sizes
 from .reporting import ReportingMethods
+from .sampling import SamplingHooks
 from .saving import SavingMethods
 
 logger = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class TrainOutput(NamedTuple):
     metrics: dict[str, float]
 
 
-class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethods, SavingMethods,
+class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethods, SavingMethods,
               hp_search.HyperparameterSearchMethods):
     """Train, evaluate and predict with a model on one or many processes (see docs/trainer.md).
 
@@ -74,6 +75,8 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
     hooks come from :class:`~trainkit.trainer.hyperparameter_search.HyperparameterSearchMethods`.
     """
 
+    model_accepts_loss_kwargs: bool
+    """transformers' attribute: the model takes ``num_items_in_batch`` (its ``accepts_loss_kwargs``, else ``**kwargs``)."""
     loss_is_scaled_for_ga: bool | None = None
     """True when ``compute_loss`` returns a loss already divided by ``num_items_in_batch`` (the window's item
     count on all processes); otherwise it is taken as the mean over its micro-batch and weighted here.
@@ -118,9 +121,9 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         self.label_smoother = wiring.label_smoother(self.args, model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
+        loss_items.set_policy(self, model)  # model_accepts_loss_kwargs & co., as transformers decides them
         self._num_parameters = flops_parameters(model)
-        self._train_batch_size = self.args.per_device_train_batch_size
-        """The per-process training batch: the arguments', or what auto_find_batch_size found (args stay as written)."""
+        self._train_batch_size = self.args.per_device_train_batch_size  # or what auto_find_batch_size found
         self._signature_columns: list[str] | None = None
         self._eval_dataloaders: dict[Any, Any] = {}
         self._engine_saved_weights_to: str | None = None
@@ -388,11 +391,17 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         epoch_iterator = iter(self._epoch_batches(train_dataloader, epoch, start.batches_to_skip))
         sized = length_or_none(train_dataloader) is not None
         trained_any, grad_norm, learning_rate = False, None, None
-        for update_step in range(start.steps_done_in_epoch, num_update_steps_per_epoch):
-            batch_samples, num_items_in_batch = self.get_batch_samples(epoch_iterator, self._accumulation_steps,
-                                                                       self.accelerator.device)
+        pending = start.restore_random_states  # a transformers checkpoint's: restored where transformers does,
+        if pending is not None and not start.batches_to_skip:  # here, or after the first window
+            pending = pending()
+        windows = window_sizes(train_dataloader, self._accumulation_steps,
+                               num_update_steps_per_epoch if sized else None, start.steps_done_in_epoch)
+        for update_step, num_batches in zip(range(start.steps_done_in_epoch, num_update_steps_per_epoch), windows):
+            batch_samples, num_items_in_batch = self.get_batch_samples(epoch_iterator, num_batches, args.device)
             if not batch_samples:
                 break
+            if pending is not None:
+                pending = pending()
             trained_any = True
             grad_norm, learning_rate = self._train_on_window(model, batch_samples, num_items_in_batch)
             state.global_step += 1
@@ -425,6 +434,8 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
         the optimizer step; returns (gradient norm, learning rate of the step)."""
         args, handler = self.args, self.callback_handler
         self.control = handler.on_step_begin(args, self.state, self.control)
+        self.current_gradient_accumulation_steps = len(batch_samples)
+        self._window_loss_is_share = loss_items.open_window(self, batch_samples, num_items_in_batch)
         window_loss = None
         for index, inputs in enumerate(batch_samples):
             with self.accelerator.accumulate(model):
@@ -440,39 +451,35 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
     def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
         """Forward and backward one micro-batch; return its (detached) share of the window's mean loss.
 
-        The weighting policy is transformers': a micro-batch's mean loss weighted by its share of the window's
-        items on all processes (or divided by the accumulation steps when items are not counted). The engine's
-        ``backward`` turns that share into gradients of the window's loss, whatever the strategy's reduction.
+        A loss the model (or ``compute_loss_func``) divided by ``num_items_in_batch`` is already its share, as in
+        transformers; a micro-batch's own mean is weighted by its share of the window's items on all processes
+        (see trainer/loss_items.py). The engine's ``backward`` turns that share into gradients of the window's
+        loss, whatever the strategy's reduction.
         """
         if callable(getattr(self.optimizer, "train", None)):  # schedule-free optimizers: train mode (as transformers)
             self.optimizer.train()
         inputs = self._prepare_inputs(inputs)
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
-        scaled_for_window = self.loss_is_scaled_for_ga
-        if scaled_for_window is None:
-            scaled_for_window = self.compute_loss_func is not None
-        if not scaled_for_window:
-            if num_items_in_batch is None:
-                loss = loss / self._accumulation_steps
-            else:
-                # A mean over this micro-batch's items, weighted by its share of the window's items on all processes.
-                loss = loss * (self._count_items(inputs) / num_items_in_batch)
+        loss = loss_items.window_share(self, loss, inputs, num_items_in_batch)
         self.accelerator.backward(loss, **optim.backward_kwargs(self.optimizer, self.lr_scheduler))
         return loss.detach()
 
     def compute_loss(self, model: nn.Module, inputs: Any, return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | int | None = None):
         """The micro-batch's loss: the model's own, or ``compute_loss_func(outputs, labels, num_items_in_batch=...)``."""
+        # The count goes to a model that takes loss keyword arguments, as transformers hands it over.
+        passed = {"num_items_in_batch": num_items_in_batch} if (
+            num_items_in_batch is not None and self.model_accepts_loss_kwargs) else {}
         if self.compute_loss_func is not None and isinstance(inputs, Mapping):
             label_name = self.label_names[0]
             labels = inputs.get(label_name)
-            outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name})
+            outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **passed)
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
         elif self.label_smoother is not None and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
-            loss, outputs = wiring.label_smoothed_loss(self, model, inputs)
+            loss, outputs = wiring.label_smoothed_loss(self, model, inputs, num_items_in_batch, passed)
         else:
-            outputs = call_model(model, inputs)
+            outputs = call_model(model, inputs, **passed)
             loss = loss_from_outputs(outputs)
         return (loss, outputs) if return_outputs else loss
 
@@ -526,6 +533,7 @@ class Trainer(DataLoaderMethods, PlanMethods, ReportingMethods, EvaluationMethod
             self._count_input_tokens(values)
             self.store_flos()
             rate = learning_rate if learning_rate is not None else self._get_learning_rate()
+            add_to_next_tracker_log(self.callback_handler, throughput_logs(values))  # trackers only, not log_history
             self.log(training_logs(values, grad_norm, rate), start_time)
         if self.control.should_evaluate:
             metrics = self._evaluate(trial, ignore_keys_for_eval)

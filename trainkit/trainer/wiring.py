@@ -1,8 +1,7 @@
 """Where TrainingArguments fields act in the Trainer: engine options, the training sampler, model hooks, the loss.
 
 One small function per concern, so the Trainer's own methods stay short: ``engine_options`` (DDP keyword
-arguments, process-group backend and timeout, DataLoader configuration), ``train_sampler``
-(``train_sampling_strategy``), ``prepare_model_features`` (activation checkpointing, ``use_cache``,
+arguments, process-group backend and timeout, DataLoader configuration), ``prepare_model_features`` (activation checkpointing, ``use_cache``,
 NEFTune, Liger, ``debug``), ``label_smoothed_loss``, ``seed_run`` (``full_determinism``),
 ``maybe_empty_cache`` and ``train_with_batch_size_search`` (``auto_find_batch_size``), ``replan_schedule``.
 """
@@ -36,8 +35,9 @@ def engine_options(args: Any) -> dict[str, Any]:
         handlers.append(DistributedDataParallelKwargs(**chosen))
     # The Trainer resumes at the exact next batch: its loader's position is restored, never replayed.
     # transformers' Trainer shuffles with the seedable sampler (its accelerator_config default), from data_seed.
-    data_config = DataLoaderConfiguration(data_seed=args.data_seed if args.data_seed is not None else args.seed,
-                                          use_stateful_dataloader=True, use_seedable_sampler=True)
+    # data_seed None: the engine takes torch's initial seed, what the Trainer's set_seed(seed) left (Accelerate's rule).
+    data_config = DataLoaderConfiguration(data_seed=args.data_seed, use_stateful_dataloader=True,
+                                          use_seedable_sampler=True)
     options: dict[str, Any] = {"kwargs_handlers": handlers, "dataloader_config": data_config}
     config = _accelerator_config_dict(args.accelerator_config)
     for key, value in config.items():
@@ -62,49 +62,6 @@ def _accelerator_config_dict(config: Any) -> dict[str, Any]:
     for key in values:
         check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where="TrainingArguments")
     return values
-
-
-class LengthGroupedEpochSampler(torch.utils.data.Sampler):
-    """transformers' length-grouped order (megabatches sorted by length, longest batch first), reshuffled per
-    epoch from ``seed + epoch`` so every rank draws the same order and a resume repeats it."""
-
-    def __init__(self, batch_size: int, dataset: Any, lengths: list[int] | None, model_input_name: str | None,
-                 seed: int) -> None:
-        from transformers.trainer_pt_utils import LengthGroupedSampler
-
-        self._grouped = LengthGroupedSampler(batch_size, dataset=dataset, lengths=lengths, model_input_name=model_input_name)
-        self.seed, self.epoch = seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` next (the engine calls this at each epoch's start)."""
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self._grouped)
-
-    def __iter__(self):
-        self._grouped.generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(self._grouped)
-
-
-def train_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None:
-    """The sampler ``train_sampling_strategy`` names (None: the default shuffled order)."""
-    args = trainer.args
-    if not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
-        if args.train_sampling_strategy != "random":
-            raise ValueError(f"train_sampling_strategy={args.train_sampling_strategy!r} needs a dataset with len(); "
-                             "an iterable dataset is read in its own order.")
-        return None
-    if args.train_sampling_strategy == "sequential":
-        return torch.utils.data.SequentialSampler(dataset)
-    if args.train_sampling_strategy != "group_by_length":
-        return None
-    columns = getattr(dataset, "column_names", None) or []
-    lengths = dataset[args.length_column_name] if args.length_column_name in columns else None
-    input_names = getattr(trainer.processing_class, "model_input_names", None)
-    model_input_name = input_names[0] if input_names else None
-    seed = args.data_seed if args.data_seed is not None else args.seed
-    return LengthGroupedEpochSampler(trainer._train_batch_size, dataset, lengths, model_input_name, seed)
 
 
 def prepare_model_features(trainer: Any, model: nn.Module) -> None:
@@ -170,19 +127,24 @@ def label_smoother(args: Any, model: nn.Module) -> Any:
     return LabelSmoother(epsilon=args.label_smoothing_factor)
 
 
-def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any]) -> tuple[torch.Tensor, Any]:
+def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any], num_items_in_batch: Any = None,
+                        model_kwargs: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, Any]:
     """(loss, outputs) with ``trainer.label_smoother``: labels are withheld from the model, and shifted by one
-    for causal language models, as transformers does."""
+    for causal language models, as transformers does; the smoother divides by ``num_items_in_batch`` where the
+    installed release's takes it (5.17 and later)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from .data import call_model
 
     label_name = trainer.label_names[0]
     labels = inputs[label_name]
-    outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name})
+    outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **(model_kwargs or {}))
     unwrapped = trainer.accelerator.unwrap_model(model)
     causal = unwrapped._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if hasattr(unwrapped, "_get_name") else False
-    return trainer.label_smoother(outputs, labels, shift_labels=causal), outputs
+    smoother = trainer.label_smoother
+    if num_items_in_batch is not None and "num_items_in_batch" in inspect.signature(smoother.__call__).parameters:
+        return smoother(outputs, labels, shift_labels=causal, num_items_in_batch=num_items_in_batch), outputs
+    return smoother(outputs, labels, shift_labels=causal), outputs
 
 
 def seed_run(args: Any) -> None:

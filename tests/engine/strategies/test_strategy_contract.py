@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainkit.engine.step.accumulation import GradientState, accumulation_windows
+from trainkit.engine.step.accumulation import GradientState
 from trainkit.engine.process.state import ProcessState
 from trainkit.engine.strategies import STRATEGIES, StrategyRequest, select_strategy
 from trainkit.engine.strategies.registry import strategy_entry
@@ -120,7 +120,3 @@ def test_explicit_windows_sync_at_their_last_micro_batch_and_scale_for_mean_redu
     assert not state.sync_gradients and not state.loss_is_global_share
     with pytest.raises(ValueError, match="at least one micro-batch"):
         state.open_window(0)
-
-
-def test_accumulation_windows_keep_the_short_last_window() -> None:
-    assert list(accumulation_windows(range(7), 3)) == [[0, 1, 2], [3, 4, 5], [6]]

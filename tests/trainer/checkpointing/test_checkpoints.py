@@ -142,7 +142,7 @@ def test_restart_before_any_checkpoint_starts_from_the_beginning(tmp_path, monke
         trainer = make_trainer(str(tmp_path / "out"), max_steps=2, save_strategy="no", eval_strategy="no")
         assert trainer.train().global_step == 2
     assert "Restart 2 of this job: no complete checkpoint" in caplog.text
-    with pytest.raises(ValueError, match="no complete checkpoint"):
+    with pytest.raises(ValueError, match=r"No valid checkpoint found in output directory"):
         trainer.train(resume_from_checkpoint=True)
 
 

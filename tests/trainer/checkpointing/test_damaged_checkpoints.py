@@ -185,3 +185,36 @@ def test_automatic_resume_hashes_the_chosen_checkpoint_once(tmp_path, monkeypatc
     make_trainer(output_dir, max_steps=3, eval_strategy="no").train(resume_from_checkpoint=True)
     in_chosen = [path for path in hashed if os.path.dirname(path) == chosen]
     assert in_chosen and len(in_chosen) == len(set(in_chosen))  # every file once
+
+
+def reshard_weights(folder: str) -> None:
+    """Replace model.safetensors by one shard per tensor and model.safetensors.index.json, as save_pretrained lays
+    out a large model (transformers' Trainer tests rewrite a checkpoint so)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(folder, "model.safetensors")
+    state = load_file(path)
+    os.remove(path)
+    names = {key: f"model-{i + 1:05d}-of-{len(state):05d}.safetensors" for i, key in enumerate(sorted(state))}
+    for key, name in names.items():
+        save_file({key: state[key]}, os.path.join(folder, name))
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w", encoding="utf-8") as handle:
+        json.dump({"metadata": {}, "weight_map": names}, handle)
+
+
+def test_a_checkpoint_whose_weights_were_resharded_with_an_index_resumes_exactly(uninterrupted, tmp_path):
+    """The manifest lists model.safetensors; the folder now holds shards and their index instead: the rest is
+    verified against the manifest, the weights are read from the shards, and the run ends as the uninterrupted one.
+    A shard the index names but that is gone is still a damaged checkpoint."""
+    output_dir = str(tmp_path / "out")
+    make_trainer(output_dir, max_steps=STEPS, stop_after=DAMAGED_STEP).train()
+    folder = checkpoints.checkpoint_folder(output_dir, DAMAGED_STEP)
+    reshard_weights(folder)
+    trainer = make_trainer(output_dir, max_steps=STEPS)
+    assert trainer.train(resume_from_checkpoint=folder).global_step == STEPS
+    assert_bitwise_equal(uninterrupted, final_weights(trainer))
+    os.remove(os.path.join(folder, sorted(n for n in os.listdir(folder) if n.startswith("model-0"))[0]))
+    with pytest.raises(CorruptedCheckpointError, match="model.safetensors is missing"):
+        make_trainer(str(tmp_path / "again"), max_steps=STEPS).train(resume_from_checkpoint=folder)

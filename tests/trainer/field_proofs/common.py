@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import torch
 
 from tests.trainer.checkpoint_workload import make_trainer
+from trainkit import TrainerCallback
 from trainkit.config.ignored_field import ENV_VAR as IGNORE_FIELD_ENV
 
 QUICK = dict(max_steps=2, save_strategy="no", eval_strategy="no")
@@ -32,14 +33,27 @@ class Forward(NamedTuple):
 
 
 def record_forwards(trainer) -> list[Forward]:
-    """Every later call of the first layer of ``trainer``'s model (a forward hook: nothing of the Trainer's)."""
+    """Every later call of the first layer of ``trainer``'s model (a forward hook: nothing of the Trainer's). With a
+    ``model_init``, ``train()`` builds a fresh model (as transformers does): the hook goes onto that one too."""
     seen: list[Forward] = []
+    hooked: set[int] = set()
 
     def hook(module, inputs, output):
         seen.append(Forward(module.training, inputs[0].shape[0], output.dtype, module.weight.dtype,
                             inputs[0].detach().float().clone()))
 
-    trainer.model.layers[0].register_forward_hook(hook)
+    def attach(model) -> None:
+        layer = model.layers[0]
+        if id(layer) not in hooked:
+            hooked.add(id(layer))
+            layer.register_forward_hook(hook)
+
+    class AttachToTheTrainedModel(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            attach(model)
+
+    attach(trainer.model)
+    trainer.add_callback(AttachToTheTrainedModel())
     return seen
 
 

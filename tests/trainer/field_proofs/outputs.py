@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.trainer.checkpoint_workload import RegressionData
+from tests.trainer.checkpoint_workload import DropoutRegressor, RegressionData
 from tests.trainer.helpers import EchoModel, IndexDataset, TinyTokenModel, TokenDataset
 from trainkit import Trainer, TrainerCallback, TrainingArguments
 
@@ -207,8 +207,12 @@ def p_skip_memory_metrics(tmp_path):
 
 def p_debug(tmp_path):
     """underflow_overflow: transformers' DebugUnderflowOverflow stops the run at the first inf activation."""
-    trainer = quick(tmp_path, debug="underflow_overflow")
-    trainer.model.layers[0].bias.data.fill_(float("inf"))
+    def infinite_bias():
+        model = DropoutRegressor()
+        model.layers[0].bias.data.fill_(float("inf"))
+        return model
+
+    trainer = quick(tmp_path, model_init=infinite_bias, debug="underflow_overflow")
     with pytest.raises(ValueError, match="inf/nan detected"):  # without it, training goes on with NaN losses
         trainer.train()
 

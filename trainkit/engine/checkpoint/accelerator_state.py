@@ -114,7 +114,9 @@ def write_state_files(accelerator: Accelerator, writing: Writing | str, sharded:
     loader_states = [loader.state_dict() for loader in loaders]
     if writing.writes_shared:
         _write_shared_files(accelerator, writing, loader_states, layout)
-    state_io.write_json(writing.sink, capture_rng_state(), writing.path(f"random_states_{accelerator.process_index}.json"))
+    # Per process: the generators, and the tracked loaders' draws of the pass in progress (replayed on resume).
+    rng_state = {**capture_rng_state(), "dataloaders": [loader.random_state() for loader in loaders]}
+    state_io.write_json(writing.sink, rng_state, writing.path(f"random_states_{accelerator.process_index}.json"))
 
 
 def _write_shared_files(accelerator: Accelerator, writing: Writing, loader_states: list[Any],
@@ -227,8 +229,8 @@ def _apply(accelerator: Accelerator, loaded: dict[str, Any], loaders: list[Prepa
         item.apply()
     for scheduler, state in zip(prepared.schedulers, loaded["schedulers"]):
         scheduler.load_state_dict(state)
-    for loader, state in zip(loaders, loaded["loaders"]):
-        loader.load_state_dict(state)
+    same_processes = int(info["world_size"]) == accelerator.num_processes
+    _load_loaders(loaders, loaded["loaders"], loaded["rng"].get("dataloaders") if same_processes else None)
     if loaded["scaler"]:
         accelerator.precision.load_state_dict(loaded["scaler"])
     for obj, state in zip(prepared.custom_objects, loaded["customs"]):
@@ -239,6 +241,14 @@ def _apply(accelerator: Accelerator, loaded: dict[str, Any], loaders: list[Prepa
     if accelerator.project_configuration.automatic_checkpoint_naming:
         accelerator.project_configuration.iteration = int(info.get("iteration", 0)) + 1
     restore_rng_state(loaded["rng"], accelerator.device)  # last: nothing after it may draw random numbers
+
+
+def _load_loaders(loaders: Sequence[PreparedDataLoader], states: list[Any], passes: list[Any] | None) -> None:
+    """Each loader's position, and this process's draws of its pass in progress (``passes``: None when the checkpoint
+    comes from another number of processes, whose ranks read other batches)."""
+    for index, (loader, state) in enumerate(zip(loaders, states)):
+        loader.load_state_dict(state)
+        loader.load_random_state(passes[index] if passes and index < len(passes) else None)
 
 
 def _global_batch_rescale(accelerator: Accelerator, reading: Reading,

@@ -17,7 +17,7 @@ from torch import nn
 
 from trainkit.engine.strategies.base import Strategy
 
-from . import state_io
+from . import serialization, state_io
 from .errors import CheckpointMismatchError
 
 if TYPE_CHECKING:
@@ -191,6 +191,11 @@ def prepare_model_load(strategy: Strategy, model: nn.Module, reading: Reading, i
     if storage.exists(full_path):
         state = state_io.load_tensors(storage, full_path)
         compare_keys(f"model {index} ({model_file(index)})", expected, {k: tuple(v.shape) for k, v in state.items()})
+        return PendingModelLoad(strategy, model, state, None, reading)
+    local = storage.local_path(directory)
+    if index == 0 and local is not None and storage.exists(reading.path(serialization.INDEX_NAME)):
+        state = serialization.load_safetensors(local)  # weights re-sharded with an index after the save
+        compare_keys(f"model {index} ({serialization.INDEX_NAME})", expected, {k: tuple(v.shape) for k, v in state.items()})
         return PendingModelLoad(strategy, model, state, None, reading)
     if storage.is_dir(sharded_path):
         shapes = _sharded_io().saved_tensor_shapes(sharded_path, storage)

@@ -24,9 +24,12 @@ class SyncedGenerator:
     Shared by a prepared loader and the views ``skip_first_batches`` makes of it.
     """
 
-    def __init__(self, generator: torch.Generator, num_processes: int) -> None:
+    def __init__(self, generator: torch.Generator, num_processes: int, reseeded_each_pass: bool = False) -> None:
         self.generator = generator
         self.num_processes = num_processes
+        self.reseeded_each_pass = reseeded_each_pass
+        """Each pass seeds the generator afresh (see :class:`.pass_draws.PassDraws`): after a finished pass its state
+        says nothing about the next one."""
         self._pass_start: torch.Tensor | None = None
         self._to_restore: torch.Tensor | None = None
 
@@ -49,11 +52,16 @@ class SyncedGenerator:
             state = self._to_restore
         elif self._pass_start is not None and not pass_finished:
             state = self._pass_start
+        elif self.reseeded_each_pass:
+            return {"generator_reseeded": True}
         else:
             state = self.generator.get_state()
-        return {"generator": rng_state_to_text(state)}
+        return {"generator": rng_state_to_text(state), "generator_reseeded": self.reseeded_each_pass}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Use the stored state at the start of the next pass."""
+        """Use the stored state at the start of the next pass, and reseed each pass exactly when the saved run did
+        (a run saved on another number of processes may have had the other mode)."""
         if "generator" in state:
             self._to_restore = rng_state_from_text(state["generator"])
+        if "generator" in state or "generator_reseeded" in state:
+            self.reseeded_each_pass = bool(state.get("generator_reseeded", False))

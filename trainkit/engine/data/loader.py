@@ -16,13 +16,14 @@ the main process reads for all (see :mod:`.dispatch`).
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from trainkit.config.errors import ConfigError
 from trainkit.engine.step.accumulation import GradientState
@@ -30,9 +31,10 @@ from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 from .device import send_to_device
 from .shard_attributes import ShardAttributes
-from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
+from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler, shuffling
 from .dispatch import dispatched_batches
 from .generator_sync import SyncedGenerator
+from .pass_draws import PassDraws, reseeding
 from .streams import StreamShard, TaggedCollate, agreement_device, stream_batches
 
 logger = logging.getLogger(__name__)
@@ -143,6 +145,7 @@ class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
                              "a plain DataLoader, or let Accelerator.prepare / prepare_data_loader shard it.")
         batching = {name: kwargs.pop(name) for name in _BATCHING_ARGUMENTS if name in kwargs}
         batch_sampler = DataLoader(dataset, **batching).batch_sampler  # torch's own checks of the combination
+        kwargs["generator"] = batching.get("generator")  # also draws each pass's base seed, as in Accelerate
         if batch_sampler is None:
             raise ValueError("DataLoaderShard needs batches: give batch_size (default 1) or batch_sampler, not "
                              "batch_size=None.")
@@ -168,10 +171,10 @@ class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
     def _setup(self, dataset: Any, *, device: torch.device | None, gradient_state: GradientState,
                global_batch_size: int | None, seed: int, non_blocking: bool = False,
                resume_mid_epoch: bool = False, **kwargs: Any) -> None:
-        # A private generator keeps DataLoader's per-iteration base seed off the global RNG, so the
-        # model's random stream (dropout...) does not depend on when iterators are built.
-        self._loader_generator = torch.Generator()
-        super().__init__(dataset, generator=self._loader_generator, **kwargs)
+        # Each pass draws its iterator's base seed from ``generator`` (None: torch's global generator), as torch's
+        # DataLoader does under Accelerate; pass_draws records those draws so a resumed pass can replay them.
+        super().__init__(dataset, **kwargs)
+        self.pass_draws = PassDraws(reads_in_workers=self.num_workers > 0, all_generators=resume_mid_epoch)
         self.dispatch_to: tuple[int, int] | None = None
         """(num_processes, process_index) when the main process reads and sends each rank its slice."""
         self.device = device
@@ -246,6 +249,8 @@ class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
             self._set_seed(int(state["seed"]))
         if self.synced_generator is not None:
             self.synced_generator.load_state_dict(state)
+            synced = self.synced_generator
+            self.pass_draws.draw_order = reseeding(synced.generator) if synced.reseeded_each_pass else None
         if self.is_stream:
             if "stream" not in state:
                 raise ValueError("This checkpoint's loader position is not a stream's: it cannot place an iterable dataset.")
@@ -255,6 +260,18 @@ class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
         mid_epoch = self.resume_mid_epoch or self.is_stream or self.dispatch_to is not None
         samples_seen = int(state["samples_seen"]) if mid_epoch else 0
         self.progress.move_to(int(state["epoch"]), samples_seen)
+
+    def random_state(self) -> dict[str, Any] | None:
+        """This process's random draws of the pass in progress (its base seed, the batch read ahead), which a resume
+        replays to continue exactly; None between passes. Per process: checkpoints store it beside the RNG states."""
+        progress = self.progress
+        if progress.last_batch_yielded or not progress.samples_seen:
+            return None
+        return self.pass_draws.state_dict(progress.epoch, progress.samples_seen)
+
+    def load_random_state(self, state: dict[str, Any] | None) -> None:
+        """Replay :meth:`random_state`'s draws in the next pass if it continues that position (see .pass_draws)."""
+        self.pass_draws.load_state_dict(state)
 
     def adjust_state_dict_for_prefetch(self) -> None:
         """Accelerate's correction of a stateful loader's position for batches prefetched ahead of the one
@@ -319,9 +336,6 @@ class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
             self.progress.samples_seen = skip
             if self._shard is not None:  # None: an unbatched loader (batch_size=None) on one process
                 self._shard.skip_samples = skip
-            if self.synced_generator is not None:
-                self.synced_generator.begin_pass()
-        self._loader_generator.manual_seed((self.seed * 1_000_003 + epoch) % 2**63)
         self._yielded = 0
         self.reset()
         try:
@@ -333,17 +347,24 @@ class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # batches, not torch's _BaseDataLoaderIter
         self._begin_iteration()
+        synced = self.synced_generator
+        sharded_by_indices = not (self.is_stream or self.dispatch_to)
+        # A dispatched loader's other ranks only receive; they draw the base seed all the same, as Accelerate's do.
+        new_iterator = self._draw_base_seed if self.dispatch_to and self.dispatch_to[1] != 0 else super().__iter__
+        base = self.pass_draws.open(self, new_iterator, self.progress.epoch, self.progress.samples_seen,
+                                    synced.begin_pass if synced is not None and sharded_by_indices else None)
         iterator: Iterator[tuple[Any, list[int] | None, Any]]
         if self.is_stream or self.dispatch_to:
-            iterator = self._stream_iterator()
+            iterator = self._stream_iterator(base)
         else:
-            iterator = ((batch, None, None) for batch in super().__iter__())
+            iterator = ((batch, None, None) for batch in base)
         self.gradient_state.push(self)
         finished = False
+        read = functools.partial(next, iterator, _END)
         try:
-            current = next(iterator, _END)
+            current = self.pass_draws.read(read)
             while current is not _END:
-                upcoming = next(iterator, _END)
+                upcoming = self.pass_draws.read(read)
                 self._yielded += 1
                 if upcoming is _END:
                     self.end_of_dataloader = True
@@ -368,18 +389,22 @@ class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
                 if self.synced_generator is not None:
                     self.synced_generator.end_pass()
 
-    def _stream_iterator(self) -> Iterator[tuple[Any, list[int] | None, Any]]:
+    def _draw_base_seed(self) -> Iterator[Any]:
+        torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        return iter(())
+
+    def _stream_iterator(self, base: Iterator[Any]) -> Iterator[tuple[Any, list[int] | None, Any]]:
         """The stream's batches, agreed across ranks; batches skipped by ``skip_first_batches`` are read and dropped."""
         batches: Iterator[tuple[Any, list[int], Any]]
         if self.dispatch_to:
             world, rank = self.dispatch_to
             # Only the main process reads (with the global batch size); the others receive their slices.
-            batches = dispatched_batches(super().__iter__() if rank == 0 else None, world, rank,
+            batches = dispatched_batches(base if rank == 0 else None, world, rank,
                                          (self.global_batch_size or world) // world)
         else:
             stream = self._stream
             agree = stream.pad and stream.num_processes > 1
-            batches = stream_batches(super().__iter__(), stream, agree, agreement_device())
+            batches = stream_batches(base, stream, agree, agreement_device())
         for _ in range(self._stream_skip):
             skipped = next(batches, None)
             if skipped is not None and self.is_stream:
@@ -479,31 +504,6 @@ def _dispatched_batch_size(batch_sampler: Any, batch_size: int | None, split_bat
     return int(batch_size)
 
 
-def _shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int, num_processes: int) -> tuple[Any, SyncedGenerator | None]:
-    """Make a ``RandomSampler`` inside ``batch_sampler`` give every process the same order.
-
-    use_seedable_sampler: it becomes a :class:`SeedableRandomSampler` (order from ``seed`` and the epoch),
-    keeping its generator. Otherwise it stays as it is, with a generator (one is made from torch's RNG if it
-    had none) that every process copies from the main one at each pass: the order one process would draw.
-    """
-    sampler = getattr(batch_sampler, "sampler", None)
-    if not isinstance(sampler, RandomSampler):
-        return batch_sampler, None
-    if not use_seedable_sampler:
-        if sampler.generator is None:
-            sampler.generator = torch.Generator()
-            sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
-        return batch_sampler, SyncedGenerator(sampler.generator, num_processes)
-    seedable = SeedableRandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples,
-                                     generator=sampler.generator if sampler.generator is not None else torch.Generator(),
-                                     data_seed=seed)
-    if type(batch_sampler) is BatchSampler:
-        return BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last), None
-    replaced = copy.copy(batch_sampler)
-    replaced.sampler = seedable
-    return replaced, None
-
-
 def prepare_data_loader(
     dataloader: DataLoader,
     *,
@@ -518,6 +518,7 @@ def prepare_data_loader(
     if isinstance(dataloader, PreparedDataLoader):
         return dataloader
     kwargs = {name: getattr(dataloader, name) for name in _PASSTHROUGH if hasattr(dataloader, name)}
+    kwargs["generator"] = dataloader.generator  # each pass's base seed comes from it (None: torch's global RNG)
     if kwargs.get("num_workers", 0) == 0:
         kwargs["prefetch_factor"] = None
     on_gpu = device is not None and device.type == "cuda"
@@ -552,7 +553,7 @@ def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_proce
                            config: DataLoaderConfiguration, seed: int, common: dict[str, Any], kwargs: dict[str, Any],
                            *, as_sampler: bool) -> PreparedDataLoader:
     """A map-style loader whose ``batch_sampler`` (or, ``as_sampler``, whose batch-yielding ``sampler``) is sharded."""
-    batch_sampler, synced = _shuffling(batch_sampler, config.use_seedable_sampler, seed, num_processes)
+    batch_sampler, synced, draw_order = shuffling(batch_sampler, config.use_seedable_sampler, seed, num_processes)
     batch_size = getattr(batch_sampler, "batch_size", None)
     if config.split_batches and batch_size is not None:
         _split_size(batch_size, num_processes)
@@ -563,10 +564,7 @@ def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_proce
     prepared = PreparedDataLoader._build(dataloader.dataset, global_batch_size=global_size, **batching, **common,
                                          **kwargs)
     prepared.synced_generator = synced
-    if synced is not None and dataloader.generator is synced.generator:
-        # A plain DataLoader draws each pass's worker base seed from its generator before the sampler draws
-        # the order: drawing it from the same (synchronised) generator keeps one process's order exactly.
-        prepared.generator = synced.generator
+    prepared.pass_draws.draw_order = draw_order
     return prepared
 
 

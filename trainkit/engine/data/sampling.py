@@ -7,15 +7,20 @@ in samples of that global stream, so a run can resume on a different number of p
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler
 
 from trainkit.engine.process import collectives
 from trainkit.utils.dataclasses import DataLoaderConfiguration
+
+from .generator_sync import SyncedGenerator
+from .pass_draws import reseeding
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -298,3 +303,39 @@ def shared_data_seed(dataloader: DataLoader, config: DataLoaderConfiguration) ->
     if config.use_seedable_sampler and isinstance(sampler, RandomSampler):
         return seed  # the seedable sampler's order: exactly Accelerate's initial seed
     return seed % 2**31  # worker seeds and a stream's shard order scale it: keep it small
+
+
+def shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int,
+               num_processes: int) -> tuple[Any, SyncedGenerator | None, Callable[[torch.Generator], None] | None]:
+    """Make a ``RandomSampler`` inside ``batch_sampler`` give every process the same order; also return the draw
+    each pass makes for its order from the global generator (see :class:`.pass_draws.PassDraws`), if any.
+
+    use_seedable_sampler: it becomes a :class:`SeedableRandomSampler` (order from ``seed`` and the epoch),
+    keeping its generator. Otherwise it stays as it is, with a generator that every process copies from the
+    main one at each pass: the order one process would draw. A sampler without one gets one as in Accelerate:
+    on several processes seeded now from torch's RNG; on one, seeded at each pass from torch's RNG, the draw the
+    sampler would make itself.
+    """
+    sampler = getattr(batch_sampler, "sampler", None)
+    draws_its_order = getattr(sampler, "draw_pass_order", None)
+    if callable(draws_its_order):
+        return batch_sampler, None, draws_its_order
+    if not isinstance(sampler, RandomSampler):
+        return batch_sampler, None, None
+    if not use_seedable_sampler:
+        draw_order = None
+        if sampler.generator is None:
+            sampler.generator = torch.Generator()
+            if num_processes > 1:
+                sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+            else:
+                draw_order = reseeding(sampler.generator)
+        return batch_sampler, SyncedGenerator(sampler.generator, num_processes, draw_order is not None), draw_order
+    seedable = SeedableRandomSampler(sampler.data_source, sampler.replacement, sampler._num_samples,
+                                     generator=sampler.generator if sampler.generator is not None else torch.Generator(),
+                                     data_seed=seed)
+    if type(batch_sampler) is BatchSampler:
+        return BatchSampler(seedable, batch_sampler.batch_size, batch_sampler.drop_last), None, None
+    replaced = copy.copy(batch_sampler)
+    replaced.sampler = seedable
+    return replaced, None, None

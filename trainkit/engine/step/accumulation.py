@@ -15,14 +15,12 @@ handed to ``backward`` means (:meth:`GradientState.normalise_loss`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import torch
 
 from trainkit.engine.step.gradient_state_api import GradientStateAPI
 
-Batch = TypeVar("Batch")
 
 
 class WindowedLoader(Protocol):
@@ -154,18 +152,6 @@ class GradientState(GradientStateAPI):
         self.window_items = None
         self.loss_is_global_share = False
         self._explicit_window = False
-
-
-def accumulation_windows(batches: Iterable[Batch], size: int) -> Iterator[list[Batch]]:
-    """Group micro-batches into accumulation windows of ``size``; the last one of an epoch may be shorter."""
-    window: list[Batch] = []
-    for batch in batches:
-        window.append(batch)
-        if len(window) == size:
-            yield window
-            window = []
-    if window:
-        yield window
 
 
 def sum_across_processes(count: Any, num_processes: int, reduce_sum: Any, *, same_on_every_process: bool) -> Any:

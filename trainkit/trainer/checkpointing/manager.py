@@ -26,6 +26,7 @@ from trainkit.engine.checkpoint import (
 
 from . import files as checkpoints
 from . import preemption, resume
+from .transformers_checkpoint import is_transformers_checkpoint, load_transformers_weights, resume_transformers_checkpoint
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import CheckpointedTrainer as Trainer
@@ -83,12 +84,15 @@ class CheckpointManager:
         :func:`trainkit.engine.checkpoint.find_resume_folder`), or None."""
         output_dir, checkpointer = self.trainer.args.output_dir, self.trainer.accelerator.checkpointer
         root = self.trainer.args.checkpoint_dir or output_dir  # as transformers: the run's folder, not a trial's
-        if requested is True:
+        if requested is True:  # transformers' ValueError and words (scripts and its tests match them)
             try:
                 self._verified = checkpointer.find_resume_folder(True, root, conventions=[TRAINER_CONVENTION])
             except FileNotFoundError:
-                raise ValueError(f"resume_from_checkpoint=True but {root} has no complete checkpoint.") from None
+                raise ValueError(f"No valid checkpoint found in output directory ({root}): "
+                                 "resume_from_checkpoint=True needs a complete checkpoint-N folder there.") from None
             return self._verified
+        if requested not in (None, False) and "://" not in os.fspath(requested) and not os.path.isdir(os.fspath(requested)):
+            raise ValueError(f"Can't find a valid checkpoint at {os.fspath(requested)}: no such folder.")
         reason = elastic_reason(self.trainer.accelerator.config.elastic)
         if requested is None and checkpointer.decide("look for a preemption marker",
                                                      lambda: preemption.was_preempted(output_dir)):
@@ -102,16 +106,22 @@ class CheckpointManager:
         """Collective: verify ``folder`` (checksums, unless it was just verified) and load its weights into
         ``model`` (default: the prepared model)."""
         with _named_resume_errors():
-            checkpoints.load_model_weights(self.trainer, folder, checksums=folder != self._verified, model=model)
+            if is_transformers_checkpoint(folder):
+                load_transformers_weights(self.trainer, folder, model)
+            else:
+                checkpoints.load_model_weights(self.trainer, folder, checksums=folder != self._verified, model=model)
         self._verified = folder
 
     def resume(self, folder: str, train_dataloader: Any, steps_per_epoch: int | None) -> resume.ResumePoint:
-        """Collective: load ``folder``'s engine state (optimizer, schedule, RNG, data position); return where the
-        loop picks up (the trainer state and the weights are loaded by the Trainer's hooks)."""
+        """Collective: load ``folder``'s engine state (optimizer, schedule, RNG, data position), or a transformers
+        checkpoint's optimizer, schedule and random states; return where the loop picks up (the trainer state and the
+        weights are loaded by the Trainer's hooks)."""
         with _named_resume_errors():
-            # A folder verified moments ago (chosen automatically, or by load_weights) is checked by size only.
-            point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch,
-                                           verify_checksums=folder != self._verified)
+            if is_transformers_checkpoint(folder):  # transformers' Trainer wrote it: continued as transformers would
+                point = resume_transformers_checkpoint(self.trainer, folder, steps_per_epoch)
+            else:  # a folder verified moments ago (chosen automatically, or by load_weights) is checked by size only
+                point = resume.resume_training(self.trainer, folder, train_dataloader, steps_per_epoch,
+                                               verify_checksums=folder != self._verified)
         self._resumed_from = folder
         return point
 

@@ -44,6 +44,14 @@ class CheckpointedTrainer(Protocol):
     def model_wrapped(self) -> Any:
         """The model as the engine prepared it: its weights are saved and loaded."""
 
+    @property
+    def optimizer(self) -> Any:
+        """The prepared optimizer: a transformers checkpoint's ``optimizer.pt`` is loaded into it."""
+
+    @property
+    def lr_scheduler(self) -> Any:
+        """The schedule: a transformers checkpoint's ``scheduler.pt`` is loaded into it."""
+
     def is_world_process_zero(self) -> bool:
         """True on the one process that writes the run's own files."""
 

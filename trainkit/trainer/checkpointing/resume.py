@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainkit.engine.checkpoint import BatchShape, keep_global_batch
@@ -35,6 +36,9 @@ class ResumePoint(NamedTuple):
     """Optimizer steps of the current epoch already taken (for ``state.epoch``)."""
     batches_to_skip: int
     """Micro-batches the loop must skip itself; 0 when the loader's position was restored."""
+    restore_random_states: Callable[[], None] | None = None
+    """For a checkpoint transformers wrote: restores its random states where transformers does (at the epoch's
+    start, or once the first window is read when batches are skipped); None when loading restored them."""
 
 
 START = ResumePoint(0, 0)

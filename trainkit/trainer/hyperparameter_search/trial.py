@@ -1,6 +1,6 @@
 """One trial inside ``Trainer.train(trial=...)``, in transformers' order and with its semantics.
 
-``start_trial`` runs first in ``train()``: during a search (or whenever a trial is given) the model is rebuilt by
+``start_trial`` runs first in ``train()``: with a ``model_init`` (in a search or not) the model is rebuilt by
 ``model_init`` after seeding (``call_model_init``: ``model_init()`` or ``model_init(trial)``), then
 ``hp_search_setup`` sets the trial's parameters on the arguments (cast to each field's type) and gives the Trainer
 a fresh engine built from them. Checkpoints of a trial go to ``output_dir/run-{trial id}`` (``run_output_dir``),
@@ -42,14 +42,17 @@ def _backend(trainer: Any) -> str | None:
 
 
 def start_trial(trainer: Any, trial: Any) -> None:
-    """``train()``'s first step: a fresh seeded model for a trial, then the trial's arguments and engine."""
-    if trainer.model_init is not None and (trial is not None or _backend(trainer) is not None):
+    """``train()``'s first step: with a ``model_init``, a fresh seeded model (and optimizer, schedule and engine) at
+    every ``train()``, as transformers does, so training again starts from scratch and whatever a script drew
+    before (an evaluation's data order) does not change the run; then a trial's arguments and engine."""
+    if trainer.model_init is not None:
         from ..wiring import seed_run
 
-        seed_run(trainer.args)  # the seed comes before the model, so each trial starts from the same draw
-        trainer.model = trainer.model_wrapped = trainer.call_model_init(trial)
+        seed_run(trainer.args)  # the seed comes before the model, so each run (each trial) starts from the same draw
+        trainer.model = trainer.model_wrapped = trainer.callback_handler.model = trainer.call_model_init(trial)
         trainer.optimizer = trainer.lr_scheduler = None
-        _fresh_engine(trainer)
+        if trainer._model_prepared:  # the engine holds the previous model: a new one (else the user's is kept)
+            _fresh_engine(trainer)
     trainer._hp_search_setup(trial)
 
 

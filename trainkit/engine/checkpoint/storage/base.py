@@ -15,6 +15,7 @@ methods below (``shared_folder.py``, ``node_local.py``, ``object_store.py`` are 
 
 from __future__ import annotations
 
+import json
 import logging
 import posixpath
 import re
@@ -26,6 +27,9 @@ from ..errors import CheckpointError, CorruptedCheckpointError, IncompleteCheckp
 from .manifest import MANIFEST_NAME, STAGING_SUFFIX, CheckpointEntry, build_manifest, parse_manifest
 from .ranks import Ranks, describe
 
+FULL_WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+"""A model's full weights, and the index of the shards that may replace them (serialization's names)."""
 logger = logging.getLogger("trainkit.engine.checkpoint.storage")
 
 Entries = list[CheckpointEntry]  # ``list`` is a method name below
@@ -267,6 +271,8 @@ class CheckpointStorage(ABC):
         problems = []
         for name in sorted(files) if names is None else names:
             expected = files[name]
+            if name not in sizes and self._resharded_weights(root, name, sizes):
+                continue  # weights rewritten as shards with an index (as save_pretrained does): loaded from those
             if name not in sizes:
                 problems.append(f"{name} is missing")
             elif sizes[name] != expected["size"]:
@@ -274,6 +280,18 @@ class CheckpointStorage(ABC):
             elif checksums and "sha256" in expected and self.checksum(self.join(root, name)) != expected["sha256"]:
                 problems.append(f"{name} has the wrong SHA-256 checksum (corrupted or altered)")
         return problems
+
+    def _resharded_weights(self, root: str, name: str, sizes: dict[str, int]) -> bool:
+        """Whether ``name`` is the full-weights file, replaced after the checkpoint was written by shards with an
+        index (transformers' Trainer tests and sharding tools do this) and every shard the index names is there. The
+        shards are not in the manifest, so only their presence is checked; the load checks keys and shapes."""
+        if name != FULL_WEIGHTS_NAME or WEIGHTS_INDEX_NAME not in sizes:
+            return False
+        try:
+            shards = set(json.loads(self.read_bytes(self.join(root, WEIGHTS_INDEX_NAME)))["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return False
+        return bool(shards) and shards <= set(sizes)
 
     def is_complete(self, folder: str) -> bool:
         """True when ``folder`` has a manifest and every listed file exists with its size (cheap: no hashing)."""
