@@ -6,7 +6,7 @@ from tests.trainer.helpers import EchoModel, IndexDataset
 from trainkit import Trainer, TrainingArguments
 from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handoff
 from trainkit.config.engine import resolve_engine_config
-from trainkit.trainer.engine_settings import training_arguments_settings
+from trainkit.trainer.training_arguments.engine_settings import training_arguments_settings
 
 
 def arguments(tmp_path, **kwargs) -> TrainingArguments:

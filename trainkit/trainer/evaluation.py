@@ -29,7 +29,7 @@ from .plan import length_or_none
 if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
 
-    from .arguments import TrainingArguments
+    from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler, TrainerControl, TrainerState
 
 # a Trainer mixin's messages are the Trainer's: one logger for them all, as transformers' come from transformers.trainer

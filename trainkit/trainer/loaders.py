@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from trainkit.engine.accelerator import Accelerator
 
-    from .arguments import TrainingArguments
+    from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler
     from .data import ItemCounter
 

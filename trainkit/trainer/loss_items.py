@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .argument_fields import installed_transformers_release
+from .training_arguments.fields import installed_transformers_release
 
 SHIFTED_CAUSAL_COUNT_SINCE = (5, 10)
 """The first transformers release whose count leaves out each causal-LM row's first label."""

@@ -188,7 +188,7 @@ def instantiate_optimizer(optimizer_cls: Any, kwargs: dict[str, Any], groups: li
 def create_optimizer(trainer: Any, model: nn.Module) -> torch.optim.Optimizer:
     """``Trainer.create_optimizer``'s body: ``optimizer_cls_and_kwargs`` > a DeepSpeed config's optimizer >
     ``trainer.get_optimizer_cls_and_kwargs(args, model)``, over transformers' decay groups of ``model``."""
-    from .deepspeed import optimizer_from_config
+    from .training_arguments.deepspeed import optimizer_from_config
 
     args = trainer.args
     groups = parameter_groups(model, trainer.get_decay_parameter_names(model), args.weight_decay)

@@ -86,7 +86,7 @@ def eval_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None:
     """The evaluation order: transformers' length-grouped one under ``group_by_length`` (from a generator seeded
     with ``data_seed``, else ``seed``; before transformers 5.16 drawn from the global RNG at each evaluation), else
     sequential; None for a dataset without a length."""
-    from .argument_fields import installed_transformers_release
+    from .training_arguments.fields import installed_transformers_release
 
     args = trainer.args
     if dataset is None or not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):

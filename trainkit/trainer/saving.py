@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from trainkit.engine.accelerator import Accelerator
 
-    from .arguments import TrainingArguments
+    from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler, TrainerState
     from .checkpointing.manager import CheckpointManager
     from .hub import HubUploader

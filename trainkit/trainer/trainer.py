@@ -34,14 +34,14 @@ from torch import nn
 from trainkit.utils.enums import DistributedType
 
 from . import hyperparameter_search as hp_search, loss_items, optim, wiring
-from .arguments import TrainingArguments
+from .training_arguments.arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState, add_to_next_tracker_log)
 from .checkpointing import files as checkpoints, preemption, resume
 from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
 from .data import ItemCounter, call_model, default_collator, default_label_names, loss_from_outputs
-from .deepspeed import scheduler_from_config
+from .training_arguments.deepspeed import scheduler_from_config
 from .evaluation import EvaluationMethods, speed_metrics
 from .hooks import announce_overridden_hooks
 from .loaders import DataLoaderMethods
@@ -155,9 +155,9 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
 
     def create_accelerator_and_postprocess(self) -> None:
         """Build the engine from the arguments (``self.accelerator``); the run's settings are then
-        ``accelerator.config`` (the arguments are never written to: see trainer/engine_settings.py)."""
+        ``accelerator.config`` (the arguments are never written to: see trainer/training_arguments/engine_settings.py)."""
         if self.args.deepspeed is not None:
-            from .deepspeed import deepspeed_for_trainer
+            from .training_arguments.deepspeed import deepspeed_for_trainer
 
             self._deepspeed = deepspeed_for_trainer(self.args)
         self.accelerator = self.create_accelerator()
@@ -175,7 +175,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
         """The ``Accelerator(...)`` keywords the arguments decide (``kwargs`` added over them)."""
-        from .engine_settings import accelerator_arguments
+        from .training_arguments.engine_settings import accelerator_arguments
 
         deepspeed_plugin = self._deepspeed.plugin if self._deepspeed else None
         model = getattr(self, "model", None) or getattr(self, "_loaded_model", None)  # the model to train, once known

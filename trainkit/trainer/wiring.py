@@ -56,7 +56,7 @@ def engine_options(args: Any) -> dict[str, Any]:
 def _accelerator_config_dict(config: Any) -> dict[str, Any]:
     """``args.accelerator_config`` (transformers' AcceleratorConfig, which a script may have changed since the
     arguments were built) as a dict, checked again: an attribute set afterwards names a key too."""
-    from .argument_checks import DATALOADER_KEYS, OTHER_ACCELERATOR_KEYS
+    from .training_arguments.checks import DATALOADER_KEYS, OTHER_ACCELERATOR_KEYS
 
     values = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
     for key in values:
@@ -85,7 +85,7 @@ def _enable_activation_checkpointing(model: nn.Module, kwargs: dict[str, Any]) -
     """Call the checkpointing method the model has: transformers >= 5.23's ``activation_checkpointing_enable``, else
     ``gradient_checkpointing_enable`` (older releases and custom models), passing ``every_n_layers`` / ``offload``
     only to a method that takes them."""
-    from .argument_fields import CHECKPOINTING_LAYER_OPTIONS, requested_layer_options
+    from .training_arguments.fields import CHECKPOINTING_LAYER_OPTIONS, requested_layer_options
 
     layer_options = requested_layer_options(kwargs)
     checkpoint_kwargs = {key: value for key, value in kwargs.items() if key not in CHECKPOINTING_LAYER_OPTIONS}

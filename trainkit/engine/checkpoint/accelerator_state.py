@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.api.attributes import run_load_state_pre_hooks
+from trainkit.engine.accelerator_parts.attributes import run_load_state_pre_hooks
 from trainkit.engine.data import PreparedDataLoader
 
 from . import model_state, state_io
@@ -36,7 +36,7 @@ from .global_batch import BatchShape, Rescale, keep_global_batch, saved_batch_sh
 from .rng import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:  # the Accelerator as this module sees it: a Protocol (the Accelerator imports this package)
-    from trainkit.engine.api.prepared import PreparedObjects
+    from trainkit.engine.accelerator_parts.prepared import PreparedObjects
 
     from .model_state import Reading
     from .protocol import CheckpointedAccelerator as Accelerator

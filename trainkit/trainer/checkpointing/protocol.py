@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from trainkit.engine.accelerator import Accelerator
     from trainkit.engine.process.preemption import PreemptionWatch
 
-    from ..arguments import TrainingArguments
+    from ..training_arguments.arguments import TrainingArguments
     from ..callbacks import CallbackHandler, TrainerState
 
 

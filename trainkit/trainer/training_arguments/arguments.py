@@ -17,9 +17,9 @@ from trainkit.config.errors import ConfigError, check_choice, did_you_mean
 from trainkit.config.fsdp import SHARDING_STRATEGIES
 from trainkit.config.ignored_field import reset_ignored_field
 from trainkit.engine.tracking import tracker_names
-from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
-from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
-from trainkit.trainer.argument_setters import ArgumentSetters
+from trainkit.trainer.training_arguments.checks import ProcessAttributes, check_transformers_fields
+from trainkit.trainer.training_arguments.fields import check_version_dependent_fields, unknown_field_hint
+from trainkit.trainer.training_arguments.setters import ArgumentSetters
 from trainkit.trainer.optim import check_optimizer_name, optimizer_names
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice
 from trainkit.config.values import check_async_save_when_busy
-from trainkit.trainer.older_fields import apply_older_fields
+from trainkit.trainer.training_arguments.older_fields import apply_older_fields
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, parse_par
 from trainkit.config.errors import ConfigError
 from trainkit.config.fsdp import FSDPOptions
 
-from trainkit.engine.api.configuration import deepspeed_plugin_settings, dynamo_from_arguments
+from trainkit.engine.accelerator_parts.configuration import deepspeed_plugin_settings, dynamo_from_arguments
 from trainkit.engine.parallel.pretrained import transformers_layout
 
 from .arguments import FSDP_SHARDING_WORDS, TrainingArguments
@@ -32,7 +32,7 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
                                 model: Any = None) -> dict[str, Setting]:
     """The engine settings ``args`` sets (see the module docstring for what "set" means).
 
-    ``deepspeed_plugin`` is ``args.deepspeed`` already translated for the Trainer (trainer/deepspeed.py).
+    ``deepspeed_plugin`` is ``args.deepspeed`` already translated for the Trainer (trainer/training_arguments/deepspeed.py).
     """
     settings: dict[str, Setting] = {}
     if deepspeed_plugin is not None:
@@ -90,7 +90,7 @@ def accelerator_arguments(args: TrainingArguments, deepspeed_plugin: Any = None,
     """
     from trainkit.utils.dataclasses import ProjectConfiguration
 
-    from .wiring import engine_options
+    from ..wiring import engine_options
 
     return {
         "engine_config": resolve_for_trainer(args, deepspeed_plugin, model),
