@@ -114,6 +114,19 @@ def load_full_weights(accelerator: Accelerator, model: Any, state: dict[str, Any
     strategy.load_model_state_dict(model, state, full=True)
 
 
+def read_safetensors_weights(folder: str) -> dict[str, Any] | None:
+    """The weights a folder holds as safetensors (``model.safetensors``, or shards with their index; tied names
+    restored), or None when it holds neither."""
+    import os
+
+    from .checkpoint import serialization
+
+    names = (serialization.WEIGHTS_NAME, serialization.INDEX_NAME)
+    if not any(os.path.isfile(os.path.join(folder, name)) for name in names):
+        return None
+    return serialization.load_safetensors(folder)
+
+
 def deepspeed_optimizer(spec: dict[str, Any], params: Any, *, lr: float, weight_decay: float) -> Any:
     """The optimizer a DeepSpeed config's ``optimizer`` block (``spec``) names, over ``params``; ``lr`` and
     ``weight_decay`` fill its ``"auto"`` values."""
@@ -139,7 +152,7 @@ def caller_opens_accumulation_windows(accelerator: Accelerator) -> None:
 
 
 FACE_FUNCTIONS = ("caller_opens_accumulation_windows", "deepspeed_optimizer", "deepspeed_scheduler", "load_full_weights",
-                  "process_state", "process_state_exists")
+                  "process_state", "process_state_exists", "read_safetensors_weights")
 __all__ = sorted([*_EXPORTS, *FACE_FUNCTIONS])
 
 
