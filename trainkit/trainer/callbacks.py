@@ -16,7 +16,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
     from .training_arguments.arguments import TrainingArguments
 

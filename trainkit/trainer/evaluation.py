@@ -20,14 +20,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainkit.engine.process.nested import map_tensors
+from trainkit.engine import map_tensors
 
 from . import loss_items
 from .data import call_model, split_loss
 from .plan import length_or_none
 
 if TYPE_CHECKING:
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
     from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler, TrainerControl, TrainerState

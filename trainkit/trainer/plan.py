@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
 # a Trainer mixin's messages are the Trainer's: one logger for them all, as transformers' come from transformers.trainer
 logger = logging.getLogger("trainkit.trainer.trainer")

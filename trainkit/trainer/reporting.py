@@ -21,7 +21,7 @@ from .meter import current_learning_rate, log_metrics_block, write_metrics_file
 if TYPE_CHECKING:
     from torch import nn
 
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
     from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler, TrainerControl, TrainerState

@@ -31,7 +31,7 @@ class LengthGroupedPassSampler(torch.utils.data.Sampler):
         """Draw the next pass's order from ``generator`` (every process draws; the main process's order is kept)."""
         from transformers.trainer_pt_utils import get_length_grouped_indices
 
-        from trainkit.utils import broadcast_object_list
+        from trainkit.engine import broadcast_object_list
 
         if self.seed is not None:
             generator = torch.Generator().manual_seed(self.seed)

@@ -24,7 +24,7 @@ from .callbacks import TrainerControl, is_exportable
 if TYPE_CHECKING:
     from torch import nn
 
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
     from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler, TrainerState
@@ -117,7 +117,7 @@ class SavingMethods:
         elif is_pretrained(model):
             model.save_pretrained(output_dir, state_dict=state_dict, is_main_process=True)
         else:
-            from trainkit.engine.checkpoint.serialization import save_safetensors
+            from trainkit.engine import save_safetensors
 
             save_safetensors(state_dict if state_dict is not None else model.state_dict(), output_dir, MAX_SHARD_SIZE)
             checkpoints.save_model_config(model, output_dir)

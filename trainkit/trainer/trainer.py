@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import nn
 
-from trainkit.utils.enums import DistributedType
+from trainkit.engine import DistributedType
 
 from . import hyperparameter_search as hp_search, loss_items, optim, wiring
 from .training_arguments.arguments import TrainingArguments
@@ -167,7 +167,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
 
     def create_accelerator(self):
         """A new engine configured from the arguments (``_build_accelerator_args``)."""
-        from trainkit.engine.accelerator import Accelerator
+        from trainkit.engine import Accelerator
 
         accelerator = Accelerator(**self._build_accelerator_args())
         accelerator.gradient_accumulation_steps = 1  # the Trainer opens each accumulation window itself
@@ -569,7 +569,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
 
 
 if TYPE_CHECKING:  # mypy checks that the Trainer has all that checkpointing/ reads and writes on it
-    from trainkit.engine.process.preemption import PreemptionWatch
+    from trainkit.engine import PreemptionWatch
 
     from .checkpointing.protocol import PreemptibleTrainer
     _CHECKPOINTED: type[PreemptibleTrainer] = Trainer

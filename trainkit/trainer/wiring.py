@@ -24,8 +24,12 @@ logger = logging.getLogger(__name__)
 
 def engine_options(args: Any) -> dict[str, Any]:
     """Accelerator keyword arguments the ddp_* fields and accelerator_config decide."""
-    from trainkit.utils.dataclasses import (DataLoaderConfiguration, DistributedDataParallelKwargs,
-                                            GradientAccumulationPlugin, InitProcessGroupKwargs)
+    from trainkit.engine import (
+        DataLoaderConfiguration,
+        DistributedDataParallelKwargs,
+        GradientAccumulationPlugin,
+        InitProcessGroupKwargs,
+    )
 
     ddp_fields = {"find_unused_parameters": args.ddp_find_unused_parameters, "bucket_cap_mb": args.ddp_bucket_cap_mb,
                   "broadcast_buffers": args.ddp_broadcast_buffers, "static_graph": args.ddp_static_graph}
@@ -154,7 +158,7 @@ def seed_run(args: Any) -> None:
 
         enable_full_determinism(args.seed)
     else:
-        from trainkit.utils.random import set_seed
+        from trainkit.engine import set_seed
 
         set_seed(args.seed)
 
@@ -195,7 +199,7 @@ def train_with_batch_size_search(trainer: Any, run: Callable[..., Any], batch_si
     again, as transformers' auto_find_batch_size does (accelerate's find_executable_batch_size; every process
     must hit the error together, as on equal GPUs). The arguments keep the batch size the script gave; the
     Trainer trains with ``trainer._train_batch_size`` (also ``state.train_batch_size``, so a resume starts from it)."""
-    from trainkit.utils.memory import is_out_of_memory, release_memory
+    from trainkit.engine import is_out_of_memory, release_memory
 
     while True:
         try:

@@ -24,13 +24,13 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.checkpoint import TRAINER_CONVENTION, latest_checkpoint_in, list_checkpoints
-from trainkit.engine.data import PreparedDataLoader
+from trainkit.engine import TRAINER_CONVENTION, latest_checkpoint_in, list_checkpoints
+from trainkit.engine import PreparedDataLoader
 
 from ..callbacks import exported_states
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
-    from trainkit.engine.checkpoint import StagedCheckpoint
+    from trainkit.engine import StagedCheckpoint
 
     from .protocol import CheckpointedTrainer as Trainer
 

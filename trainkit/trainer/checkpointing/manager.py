@@ -17,12 +17,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.checkpoint import (
-    TRAINER_CONVENTION,
-    CorruptedCheckpointError,
-    IncompleteCheckpointError,
-    elastic_reason,
-)
+from trainkit.engine import TRAINER_CONVENTION, CorruptedCheckpointError, IncompleteCheckpointError, elastic_reason
 
 from . import files as checkpoints
 from . import preemption, resume

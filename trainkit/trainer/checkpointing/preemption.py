@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from trainkit.config.files import write_text_atomic
-from trainkit.engine.process.preemption import PreemptionWatch
+from trainkit.engine import PreemptionWatch
 
 from . import files as checkpoints
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainkit.engine.checkpoint import BatchShape, keep_global_batch
-from trainkit.engine.data import PreparedDataLoader
+from trainkit.engine import PreparedDataLoader
 
 from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, training_loaders
 

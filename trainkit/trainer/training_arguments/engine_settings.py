@@ -20,8 +20,8 @@ from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, parse_par
 from trainkit.config.errors import ConfigError
 from trainkit.config.fsdp import FSDPOptions
 
-from trainkit.engine.accelerator_parts.configuration import deepspeed_plugin_settings, dynamo_from_arguments
-from trainkit.engine.parallel.pretrained import transformers_layout
+from trainkit.engine import deepspeed_plugin_settings, dynamo_from_arguments
+from trainkit.engine import transformers_layout
 
 from .arguments import FSDP_SHARDING_WORDS, TrainingArguments
 
@@ -88,7 +88,7 @@ def accelerator_arguments(args: TrainingArguments, deepspeed_plugin: Any = None,
     engine's implicit windows (``accelerator.gradient_accumulation_steps``) stay one micro-batch long, as in
     transformers.
     """
-    from trainkit.utils.dataclasses import ProjectConfiguration
+    from trainkit.engine import ProjectConfiguration
 
     from ..wiring import engine_options
 
