@@ -573,7 +573,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
-        self.gradient_state = GradientState(self.gradient_state.num_steps)
+        self.gradient_state = GradientState(self.gradient_state.num_steps,
+                                            caller_opens_windows=self.gradient_state.caller_opens_windows)
         return release_memory(*objects)
 
     clear = free_memory

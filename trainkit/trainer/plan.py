@@ -94,7 +94,7 @@ class PlanMethods:
     @property
     def _accumulation_steps(self) -> int:
         """Micro-batches per optimizer step, as the engine resolved it (the arguments > the launcher > 1)."""
-        return self.accelerator.config.gradient_accumulation_steps
+        return self.accelerator.gradient_accumulation_steps
 
     def set_initial_training_values(self, args: Any, dataloader: Any) -> TrainingValues:
         """The run's length from ``max_steps`` or ``num_train_epochs`` and the dataloader: (epochs, optimizer steps

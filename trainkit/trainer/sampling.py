@@ -74,7 +74,7 @@ def train_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None
         return torch.utils.data.RandomSampler(dataset)
     lengths, model_input_name = _lengths_and_input_name(trainer, dataset)
     # Megabatches of a whole optimizer step's batches, as transformers groups them.
-    megabatch = args.per_device_train_batch_size * trainer.accelerator.config.gradient_accumulation_steps
+    megabatch = args.per_device_train_batch_size * trainer.accelerator.gradient_accumulation_steps
     return LengthGroupedPassSampler(megabatch, dataset, lengths, model_input_name)
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import nn
 
-from trainkit.engine import DistributedType
+from trainkit.engine import DistributedType, caller_opens_accumulation_windows
 
 from . import hyperparameter_search as hp_search, loss_items, optim, wiring
 from .training_arguments.arguments import TrainingArguments
@@ -170,7 +170,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         from trainkit.engine import Accelerator
 
         accelerator = Accelerator(**self._build_accelerator_args())
-        accelerator.gradient_accumulation_steps = 1  # the Trainer opens each accumulation window itself
+        caller_opens_accumulation_windows(accelerator)  # the Trainer opens each window itself
         return accelerator
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:

@@ -261,6 +261,16 @@ def _global_batch_rescale(accelerator: Accelerator, reading: Reading,
     return keep_global_batch(saved, current, reading.directory)
 
 
+def rescale_accumulation(accelerator: Accelerator, saved: BatchShape, loader_global_batch: int | None, folder: str,
+                         scheduler_steps: list[int] | None = None) -> None:
+    """The accumulation that keeps ``saved``'s global batch on this world size becomes the run's (nothing on the
+    same world size or an unknown batch; refused where it does not divide)."""
+    current = BatchShape(accelerator.num_processes, loader_global_batch, accelerator.gradient_accumulation_steps)
+    rescale = keep_global_batch(saved, current, folder)
+    if rescale is not None:
+        _apply_rescale(accelerator, rescale, scheduler_steps)
+
+
 def _apply_rescale(accelerator: Accelerator, rescale: Rescale, scheduler_steps: list[int] | None) -> None:
     """Use the rescaled accumulation (with its provenance), and step the schedulers as often per optimizer step as
     the saved run did, so the learning-rate schedule continues too; say what changed."""

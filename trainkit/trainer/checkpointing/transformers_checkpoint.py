@@ -155,4 +155,4 @@ def resume_transformers_checkpoint(trainer: Trainer, folder: str, steps_per_epoc
     if trainer.args.ignore_data_skip or not steps_per_epoch:  # the epoch starts again from its first batch
         return ResumePoint(0, 0, restore)
     steps_done = trainer.state.global_step % steps_per_epoch
-    return ResumePoint(steps_done, steps_done * trainer.accelerator.config.gradient_accumulation_steps, restore)
+    return ResumePoint(steps_done, steps_done * trainer.accelerator.gradient_accumulation_steps, restore)

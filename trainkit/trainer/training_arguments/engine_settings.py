@@ -83,10 +83,9 @@ def accelerator_arguments(args: TrainingArguments, deepspeed_plugin: Any = None,
     sees TrainingArguments): the resolved ``engine_config``, DDP and process-group keywords, the DataLoader
     configuration, trackers and the checkpoint project.
 
-    ``accelerator.config`` then holds the resolved settings; the Trainer's loop opens each accumulation window
-    itself (``open_accumulation_window``) with ``config.gradient_accumulation_steps`` micro-batches, so the
-    engine's implicit windows (``accelerator.gradient_accumulation_steps``) stay one micro-batch long, as in
-    transformers.
+    ``accelerator.config`` then holds the resolved settings, the run's accumulation among them (one number, the
+    engine's: also ``accelerator.gradient_accumulation_steps``); the Trainer's loop opens each accumulation window
+    itself (``open_accumulation_window``) and says so to the engine (``caller_opens_accumulation_windows``).
     """
     from trainkit.engine import ProjectConfiguration
 
