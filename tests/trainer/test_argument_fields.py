@@ -326,7 +326,7 @@ def test_process_attributes_scripts_read(tmp_path):
 
 
 def test_engine_options_from_ddp_fields_and_accelerator_config():
-    from trainkit.trainer.wiring import engine_options
+    from trainkit.trainer.training_arguments.engine_settings import engine_options
     from trainkit.utils.dataclasses import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     args = TrainingArguments(ddp_find_unused_parameters=True, ddp_timeout=90, data_seed=3,

@@ -18,6 +18,7 @@ mean as already scaled: multiplied by the accumulation steps and the processes (
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -186,3 +187,38 @@ def window_share(trainer: Any, loss: torch.Tensor, inputs: Any, count: torch.Ten
     if window_items is None:
         return loss / trainer.current_gradient_accumulation_steps
     return loss * (trainer._count_items(inputs) / window_items)
+
+
+def label_smoother(args: Any, model: nn.Module) -> Any:
+    """``Trainer.label_smoother``: transformers' LabelSmoother for ``label_smoothing_factor``, else None. A model
+    configured for multi-label classification (independent sigmoid targets) gets none, with a warning, as in
+    transformers: smoothing a softmax over classes does not apply to it."""
+    if not args.label_smoothing_factor:
+        return None
+    if getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification":
+        warnings.warn(f"label_smoothing_factor={args.label_smoothing_factor} is not applied: Label smoothing is not "
+                      "compatible with multi-label classification (config.problem_type).", UserWarning, stacklevel=3)
+        return None
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    return LabelSmoother(epsilon=args.label_smoothing_factor)
+
+
+def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any], num_items_in_batch: Any = None,
+                        model_kwargs: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, Any]:
+    """(loss, outputs) with ``trainer.label_smoother``: labels are withheld from the model, and shifted by one
+    for causal language models, as transformers does; the smoother divides by ``num_items_in_batch`` where the
+    installed release's takes it (5.17 and later)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from .data import call_model
+
+    label_name = trainer.label_names[0]
+    labels = inputs[label_name]
+    outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **(model_kwargs or {}))
+    unwrapped = trainer.accelerator.unwrap_model(model)
+    causal = unwrapped._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if hasattr(unwrapped, "_get_name") else False
+    smoother = trainer.label_smoother
+    if num_items_in_batch is not None and "num_items_in_batch" in inspect.signature(smoother.__call__).parameters:
+        return smoother(outputs, labels, shift_labels=causal, num_items_in_batch=num_items_in_batch), outputs
+    return smoother(outputs, labels, shift_labels=causal), outputs

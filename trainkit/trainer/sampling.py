@@ -125,3 +125,15 @@ class SamplingHooks:
     def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device | None) -> torch.Tensor | None:
         """The labels that are not -100 in ``batch_samples`` on all processes, where transformers counts them."""
         return loss_items.num_items_in_batch(self, batch_samples, device)
+
+
+def seed_run(args: Any) -> None:
+    """set_seed, or with full_determinism transformers' enable_full_determinism (deterministic kernels too)."""
+    if args.full_determinism:
+        from transformers.trainer_utils import enable_full_determinism
+
+        enable_full_determinism(args.seed)
+    else:
+        from trainkit.engine import set_seed
+
+        set_seed(args.seed)

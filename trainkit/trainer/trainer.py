@@ -33,7 +33,13 @@ from torch import nn
 
 from trainkit.engine import DistributedType, caller_opens_accumulation_windows
 
-from . import hyperparameter_search as hp_search, loss_items, optim, wiring
+from . import hyperparameter_search as hp_search, loss_items, optim
+from .loss_items import label_smoothed_loss, label_smoother
+from .memory import batch_size_to_resume, maybe_empty_cache, memory_tracker, train_with_batch_size_search
+from .model_features import prepare_model_features
+from .optim import build_scheduler, replan_schedule
+from .reporting import ReportingMethods, apply_log_level
+from .sampling import SamplingHooks, seed_run
 from .training_arguments.arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState, add_to_next_tracker_log)
@@ -47,10 +53,7 @@ from .hooks import announce_overridden_hooks
 from .loaders import DataLoaderMethods
 from .meter import TrainingMeter, flops_parameters, throughput_logs, training_logs
 from .neftune import neftune_while_training
-from .optim import build_scheduler
 from .plan import PlanMethods, length_or_none, loader_epoch, log_plan, window_sizes
-from .reporting import ReportingMethods
-from .sampling import SamplingHooks
 from .saving import SavingMethods
 
 logger = logging.getLogger(__name__)
@@ -99,14 +102,14 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self._validate_args()  # datasets and functions against the strategies: before a model is built
-        wiring.seed_run(self.args)  # before model_init, so its initial weights are reproducible
+        seed_run(self.args)  # before model_init, so its initial weights are reproducible
         self._deepspeed: Any = None  # the translated TrainingArguments(deepspeed=...), when given
         self.is_in_train = False
-        self._memory_tracker = wiring.memory_tracker(self.args)
+        self._memory_tracker = memory_tracker(self.args)
         self._memory_tracker.start()  # named by its caller (__init__, train, evaluate): transformers' stages
         self._loaded_model = model  # read by create_accelerator: a model transformers sharded sets the layout
         self.create_accelerator_and_postprocess()
-        wiring.apply_log_level(self.args)
+        apply_log_level(self.args)
         self.hub: Any = None
         self.hub_model_id: str | None = None
         if self.args.push_to_hub:
@@ -118,7 +121,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         self.model = self.model_wrapped = model
         self._model_prepared = self._optimizer_prepared = False
         self.label_names = self.args.label_names or default_label_names(model)
-        self.label_smoother = wiring.label_smoother(self.args, model)
+        self.label_smoother = label_smoother(self.args, model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
         loss_items.set_policy(self, model)  # model_accepts_loss_kwargs & co., as transformers decides them
@@ -254,7 +257,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         if self._model_prepared:
             return
         model = self.model if model is None else model
-        wiring.prepare_model_features(self, model)
+        prepare_model_features(self, model)
         wrapped = self.accelerator.prepare(model)  # compiles in place when torch_compile is set
         self.model_wrapped = wrapped
         self.model = self.accelerator.unwrap_model(wrapped)
@@ -278,12 +281,12 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
             folder = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
             if folder is not None and not self._loads_weights_after_wrapping():
                 self._load_from_checkpoint(folder)
-            wiring.batch_size_to_resume(self, folder)  # the batch size the checkpointed run found to fit
+            batch_size_to_resume(self, folder)  # the batch size the checkpointed run found to fit
             run = functools.partial(self._inner_training_loop, args=self.args, resume_from_checkpoint=folder,
                                     trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
             with neftune_while_training(self.model, self.args.neftune_noise_alpha):
                 if self.args.auto_find_batch_size:
-                    return wiring.train_with_batch_size_search(self, run, self._train_batch_size)
+                    return train_with_batch_size_search(self, run, self._train_batch_size)
                 return run(batch_size=self._train_batch_size)
         finally:
             self.is_in_train = False
@@ -359,7 +362,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         """Optimizer, the engine's model, schedule and, when resuming, the checkpoint's engine state (optimizer,
         schedule, random states, data position); returns (the model to train, the training DataLoader)."""
         if self._optimizer_prepared:
-            wiring.replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
+            replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
         else:
             self._scheduler_built = self.lr_scheduler is None
             self.create_optimizer()  # the engine re-binds it to the parameters its strategy shards or replaces
@@ -406,7 +409,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
             grad_norm, learning_rate = self._train_on_window(model, batch_samples, num_items_in_batch)
             state.global_step += 1
             state.epoch = epoch + ((update_step + 1) / num_update_steps_per_epoch if sized else 0)
-            wiring.maybe_empty_cache(args, state.global_step, self.accelerator.device)
+            maybe_empty_cache(args, state.global_step, self.accelerator.device)
             self.control = handler.on_step_end(args, state, self.control)
             self._maybe_log_save_evaluate(self.meter.loss_sum, grad_norm, model, trial, epoch, ignore_keys_for_eval,
                                           start_time, learning_rate=learning_rate)
@@ -477,7 +480,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
             outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **passed)
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
         elif self.label_smoother is not None and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
-            loss, outputs = wiring.label_smoothed_loss(self, model, inputs, num_items_in_batch, passed)
+            loss, outputs = label_smoothed_loss(self, model, inputs, num_items_in_batch, passed)
         else:
             outputs = call_model(model, inputs, **passed)
             loss = loss_from_outputs(outputs)
