@@ -20,12 +20,15 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .training_arguments.fields import installed_transformers_release
+
+if TYPE_CHECKING:
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
 SHIFTED_CAUSAL_COUNT_SINCE = (5, 10)
 """The first transformers release whose count leaves out each causal-LM row's first label."""
@@ -189,7 +192,7 @@ def window_share(trainer: Any, loss: torch.Tensor, inputs: Any, count: torch.Ten
     return loss * (trainer._count_items(inputs) / window_items)
 
 
-def label_smoother(args: Any, model: nn.Module) -> Any:
+def label_smoother(args: TrainingArguments, model: nn.Module) -> Any:
     """``Trainer.label_smoother``: transformers' LabelSmoother for ``label_smoothing_factor``, else None. A model
     configured for multi-label classification (independent sigmoid targets) gets none, with a warning, as in
     transformers: smoothing a softmax over classes does not apply to it."""

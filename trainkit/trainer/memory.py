@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
 
-def maybe_empty_cache(args: Any, global_step: int, device: torch.device) -> None:
+def maybe_empty_cache(args: TrainingArguments, global_step: int, device: torch.device) -> None:
     """Every ``torch_empty_cache_steps`` optimizer steps, release the accelerator's cached memory."""
     steps = args.torch_empty_cache_steps
     if not steps or global_step % steps or device.type == "cpu":
@@ -53,7 +56,7 @@ def train_with_batch_size_search(trainer: Any, run: Callable[..., Any], batch_si
             logger.warning("Out of memory: training again with a training batch size of %d per process.", batch_size)
 
 
-def memory_tracker(args: Any) -> Any:
+def memory_tracker(args: TrainingArguments) -> Any:
     """transformers' TrainerMemoryTracker: with skip_memory_metrics=False it adds ``*_mem_*_delta`` metrics
     to train/evaluate results (CPU through psutil, plus the GPU where there is one)."""
     from transformers.trainer_utils import TrainerMemoryTracker

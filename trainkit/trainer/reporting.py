@@ -124,7 +124,7 @@ class ReportingMethods:
             write_metrics_file(str(self.args.output_dir), split, metrics, combined=combined)
 
 
-def apply_log_level(args: Any) -> None:
+def apply_log_level(args: TrainingArguments) -> None:
     """log_level (log_level_replica on the processes that do not log, per log_on_each_node) sets trainkit's
     loggers and, as in transformers, transformers' verbosity; "passive" leaves both as they are."""
     level = args.log_level if args.should_log else args.log_level_replica

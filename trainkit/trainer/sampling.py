@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import loss_items
+
+if TYPE_CHECKING:
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
 
 class LengthGroupedPassSampler(torch.utils.data.Sampler):
@@ -104,7 +107,7 @@ class SamplingHooks:
     """transformers' Trainer hooks that decide what the training loop reads, for a subclass to override: the
     training and evaluation orders, and each optimizer step's window of batches with its loss-item count."""
 
-    args: Any
+    args: TrainingArguments
     train_dataset: Any
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
@@ -127,7 +130,7 @@ class SamplingHooks:
         return loss_items.num_items_in_batch(self, batch_samples, device)
 
 
-def seed_run(args: Any) -> None:
+def seed_run(args: TrainingArguments) -> None:
     """set_seed, or with full_determinism transformers' enable_full_determinism (deterministic kernels too)."""
     if args.full_determinism:
         from transformers.trainer_utils import enable_full_determinism

@@ -187,7 +187,7 @@ class SavingMethods:
         transformers' ExportableState) and the control."""
         return [obj for obj in self.callback_handler.callbacks + [self.control] if is_exportable(obj)]
 
-    def compare_trainer_and_checkpoint_args(self, training_args: Any, trainer_state: Any) -> None:
+    def compare_trainer_and_checkpoint_args(self, training_args: TrainingArguments, trainer_state: Any) -> None:
         """Warn about the step intervals and batch size that differ between ``training_args`` and a resumed
         ``trainer_state`` (this run's values are used)."""
         for name in ("logging_steps", "eval_steps", "save_steps", "train_batch_size"):

@@ -24,6 +24,7 @@ from . import files as checkpoints
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import PreemptibleTrainer
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ MARKER_NAME = "trainkit_preempted.json"
 """Left in ``output_dir`` by a run stopped by a preemption signal: the next ``train()`` resumes by itself."""
 
 
-def is_enabled(args: Any) -> bool:
+def is_enabled(args: TrainingArguments) -> bool:
     """``enable_jit_checkpoint`` when set, else on exactly when the run writes checkpoints."""
     explicit = getattr(args, "enable_jit_checkpoint", None)
     return bool(explicit) if explicit is not None else args.save_strategy != "no"

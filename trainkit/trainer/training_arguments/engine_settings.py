@@ -102,7 +102,7 @@ def accelerator_arguments(args: TrainingArguments, deepspeed_plugin: Any = None,
 __all__ = ["accelerator_arguments", "resolve_for_trainer", "training_arguments_settings"]
 
 
-def engine_options(args: Any) -> dict[str, Any]:
+def engine_options(args: TrainingArguments) -> dict[str, Any]:
     """Accelerator keyword arguments the ddp_* fields and accelerator_config decide."""
     from trainkit.engine import (
         DataLoaderConfiguration,
@@ -114,7 +114,7 @@ def engine_options(args: Any) -> dict[str, Any]:
     ddp_fields = {"find_unused_parameters": args.ddp_find_unused_parameters, "bucket_cap_mb": args.ddp_bucket_cap_mb,
                   "broadcast_buffers": args.ddp_broadcast_buffers, "static_graph": args.ddp_static_graph}
     handlers: list[Any] = [InitProcessGroupKwargs(backend=args.ddp_backend, timeout=args.ddp_timeout_if_set)]
-    chosen = {key: value for key, value in ddp_fields.items() if value is not None}
+    chosen: dict[str, Any] = {key: value for key, value in ddp_fields.items() if value is not None}
     if chosen:
         handlers.append(DistributedDataParallelKwargs(**chosen))
     # The Trainer resumes at the exact next batch: its loader's position is restored, never replayed.
