@@ -273,7 +273,7 @@ def _plain_number(value):
     return value
 
 
-def speed_metrics(prefix: str, start_time: float, num_samples: int | None = None, num_steps: int | None = None,
+def speed_metrics(prefix: str, start_time: float, num_samples: float | None = None, num_steps: int | None = None,
                   num_tokens: float | None = None) -> dict[str, float]:
     """``{prefix}_runtime``, ``_samples_per_second``, ``_steps_per_second`` and ``_tokens_per_second`` since
     ``start_time`` (a ``time.time()``, as transformers' ``Trainer.log(logs, start_time)`` takes it)."""

@@ -113,7 +113,7 @@ def num_items_in_batch(trainer: Any, batch_samples: Sequence[Any], device: torch
     return count.to(device) if device is not None else count
 
 
-def loss_is_window_share(trainer: Any, count: torch.Tensor | None) -> bool:
+def loss_is_window_share(trainer: Any, count: torch.Tensor | int | None) -> bool:
     """Whether the window's losses come divided by ``count`` (the Trainer then leaves them as they are): the
     Trainer's ``loss_is_scaled_for_ga`` when set, else with a ``compute_loss_func``, a label smoother that takes the
     count, or a model whose loss uses it (:func:`loss_uses_num_items`)."""
@@ -161,7 +161,7 @@ def set_policy(trainer: Any, model: nn.Module) -> None:
     trainer.current_gradient_accumulation_steps = 1  # transformers' attribute: micro-batches in the current window
 
 
-def open_window(trainer: Any, window: Sequence[Any], count: torch.Tensor | None) -> bool:
+def open_window(trainer: Any, window: Sequence[Any], count: torch.Tensor | int | None) -> bool:
     """Open the engine's accumulation window over ``window`` with its items on all processes; return whether its
     losses come as shares of ``count`` (:func:`loss_is_window_share`) rather than means to weight."""
     accelerator, average = trainer.accelerator, trainer.args.average_tokens_across_devices

@@ -42,7 +42,7 @@ from .reporting import ReportingMethods, apply_log_level
 from .sampling import SamplingHooks, seed_run
 from .training_arguments.arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
-                        TrainerControl, TrainerState, add_to_next_tracker_log)
+                        TrainerControl, TrainerState, add_to_next_tracker_log, exported_states)
 from .checkpointing import files as checkpoints, preemption, resume
 from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
@@ -142,7 +142,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         self.control = TrainerControl()
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero(),
-                                  stateful_callbacks=self._stateful_callbacks())
+                                  stateful_callbacks=exported_states(self._stateful_callbacks()))
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
         self._memory_tracker.stop_and_update_metrics()
 
@@ -339,7 +339,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
                              resume_from_checkpoint: str | None, trial: Any) -> tuple[int, int]:
         """A fresh TrainerState, or the resumed checkpoint's (with this run's plan and its callbacks' states);
         returns (epochs done, micro-batches done in the current epoch)."""
-        self.state = TrainerState(stateful_callbacks=self._stateful_callbacks())
+        self.state = TrainerState(stateful_callbacks=exported_states(self._stateful_callbacks()))
         self.state.is_hyper_param_search = trial is not None
         self.state.train_batch_size = self._train_batch_size
         self.state.compute_steps(self.args, max_steps)
@@ -448,6 +448,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
             self._track_num_input_tokens(inputs)
             if index < len(batch_samples) - 1:
                 self.control = handler.on_substep_end(args, self.state, self.control)
+        assert window_loss is not None  # a window holds at least one micro-batch
         self.meter.add_step(window_loss, args.logging_nan_inf_filter)
         return self._optimizer_step(model)
 

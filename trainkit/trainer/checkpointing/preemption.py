@@ -62,8 +62,9 @@ def watching(trainer: PreemptibleTrainer) -> Iterator[None]:
         raise
     else:
         trainer._preemption_watch.close()
-        if trainer.is_world_process_zero() and was_preempted(trainer.args.output_dir):
-            os.remove(marker_path(trainer.args.output_dir))  # finished: the next run starts afresh
+        output_dir = checkpoints.run_output_dir(trainer.args)
+        if trainer.is_world_process_zero() and was_preempted(output_dir):
+            os.remove(marker_path(output_dir))  # finished: the next run starts afresh
     finally:
         trainer._preemption_watch = None
 
@@ -73,8 +74,8 @@ def at_step_boundary(trainer: PreemptibleTrainer) -> None:
     watch = getattr(trainer, "_preemption_watch", None)
     if watch is None or not watch.poll():
         return
-    args, state = trainer.args, trainer.state
-    folder = os.path.normpath(checkpoints.checkpoint_folder(args.output_dir, state.global_step))
+    state, output_dir = trainer.state, checkpoints.run_output_dir(trainer.args)
+    folder = os.path.normpath(checkpoints.checkpoint_folder(output_dir, state.global_step))
     if trainer.is_world_process_zero():
         logger.warning("Preemption (%s): all %d processes stop at step %d; saving %s.", watch.describe_cause(),
                        trainer.accelerator.num_processes, state.global_step, folder)
@@ -82,6 +83,6 @@ def at_step_boundary(trainer: PreemptibleTrainer) -> None:
     if trainer.is_world_process_zero():
         note = {"checkpoint": folder, "global_step": state.global_step,
                 "signal": watch.received.name if watch.received is not None else None}
-        write_text_atomic(marker_path(args.output_dir), json.dumps(note) + "\n")
+        write_text_atomic(marker_path(output_dir), json.dumps(note) + "\n")
     trainer.accelerator.end_training()
     watch.exit_after_save(folder, state.global_step, state=trainer.accelerator.state)
