@@ -268,7 +268,7 @@ class Checkpointer:
                 return None
         return saved_batch_shape(storage, files, accumulation=accumulation)
 
-    def keep_global_batch(self, folder: str, dataloader: Any, *, accumulation_from: str | None = None) -> None:
+    def rescale_for_global_batch(self, folder: str, dataloader: Any, *, accumulation_from: str | None = None) -> None:
         """Before resuming from ``folder`` on another world size: the accumulation that keeps its global batch becomes
         the run's (``gradient_accumulation_steps`` and ``config``, with provenance; refused where it does not divide),
         said once. The same decision (``global_batch.keep_global_batch``) and application as inside ``load_state``;

@@ -53,7 +53,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     accelerator = trainer.accelerator
     if accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
-    # Verified first; nothing is half-loaded. The Trainer owns the accumulation (keep_global_batch_on_resume).
+    # Verified first; nothing is half-loaded. The engine rescaled the accumulation before the plan (keep_global_batch_on_resume).
     resumed = accelerator.checkpointer.resume(folder, dataloaders=training_loaders(train_dataloader),
                                               verify_checksums=verify_checksums, keep_global_batch=False,
                                               load_models=False)  # the weights: the Trainer's _load_from_checkpoint
@@ -77,7 +77,7 @@ def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader:
     """Before the run is planned: on another world size than ``folder`` was saved on, the engine rescales the run's
     accumulation so the global batch stays (the arguments stay as written); the saved accumulation is the one the
     Trainer recorded in its ``training_args.json``."""
-    trainer.accelerator.checkpointer.keep_global_batch(folder, train_dataloader, accumulation_from=TRAINING_ARGS_NAME)
+    trainer.accelerator.checkpointer.rescale_for_global_batch(folder, train_dataloader, accumulation_from=TRAINING_ARGS_NAME)
 
 
 def load_trainer_state(trainer: Trainer, folder: str) -> Any:
