@@ -53,7 +53,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     accelerator = trainer.accelerator
     if accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
-    # Verified first; nothing is half-loaded. The engine rescaled the accumulation before the plan (keep_global_batch_on_resume).
+    # Verified first; nothing is half-loaded. The accumulation was rescaled before the plan (keep_global_batch_on_resume).
     resumed = accelerator.checkpointer.resume(folder, dataloaders=training_loaders(train_dataloader),
                                               verify_checksums=verify_checksums, keep_global_batch=False,
                                               load_models=False)  # the weights: the Trainer's _load_from_checkpoint
