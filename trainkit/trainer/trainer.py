@@ -34,27 +34,27 @@ from torch import nn
 from trainkit.engine import DistributedType, caller_opens_accumulation_windows
 
 from . import hyperparameter_search as hp_search, loss_items, optim
-from .loss_items import label_smoothed_loss, label_smoother
-from .memory import batch_size_to_resume, maybe_empty_cache, memory_tracker, train_with_batch_size_search
-from .model_features import prepare_model_features
-from .optim import build_scheduler, replan_schedule
-from .reporting import ReportingMethods, apply_log_level
-from .sampling import SamplingHooks, seed_run
-from .training_arguments.arguments import TrainingArguments
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
                         TrainerControl, TrainerState, add_to_next_tracker_log, exported_states)
 from .checkpointing import files as checkpoints, preemption, resume
 from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
 from .data import ItemCounter, call_model, default_collator, default_label_names, loss_from_outputs
-from .training_arguments.deepspeed import scheduler_from_config
 from .evaluation import EvaluationMethods, speed_metrics
 from .hooks import announce_overridden_hooks
 from .loaders import DataLoaderMethods
+from .loss_items import label_smoothed_loss, label_smoother
+from .memory import batch_size_to_resume, maybe_empty_cache, memory_tracker, train_with_batch_size_search
 from .meter import TrainingMeter, flops_parameters, throughput_logs, training_logs
+from .model_features import prepare_model_features
 from .neftune import neftune_while_training
+from .optim import build_scheduler, replan_schedule
 from .plan import PlanMethods, length_or_none, loader_epoch, log_plan, window_sizes
+from .reporting import ReportingMethods, apply_log_level
+from .sampling import SamplingHooks, seed_run
 from .saving import SavingMethods
+from .training_arguments.arguments import TrainingArguments
+from .training_arguments.deepspeed import scheduler_from_config
 
 logger = logging.getLogger(__name__)
 
