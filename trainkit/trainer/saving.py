@@ -54,9 +54,13 @@ def is_pretrained(model: Any) -> bool:
 def gathered_state_dict(accelerator: Any, model: nn.Module) -> dict[str, Any] | None:
     """Collective: the full state dict of a model whose parameters are sharded (DTensors: FSDP2, tensor
     parallelism), complete on the main process; None for a model that holds its full weights itself."""
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    if not any(isinstance(parameter, DTensor) for parameter in model.parameters()):
+    # FSDP2 leaves the root's parameters unsharded after a forward without backward (an evaluation): they are then
+    # not DTensors, yet only FSDP's state-dict path reads them right.
+    if not (any(isinstance(module, FSDPModule) for module in model.modules())
+            or any(isinstance(parameter, DTensor) for parameter in model.parameters())):
         return None
     return accelerator.get_state_dict(model)
 
