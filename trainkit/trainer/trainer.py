@@ -358,13 +358,20 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
                               resume_from_checkpoint: str | None) -> tuple[nn.Module, Any]:
         """Optimizer, the engine's model, schedule and, when resuming, the checkpoint's engine state (optimizer,
         schedule, random states, data position); returns (the model to train, the training DataLoader)."""
+        # As transformers: under FSDP the optimizer is created over the sharded parameters (a rank that built the
+        # model on the meta device would otherwise pick its optimizer's kernels from meta tensors); otherwise before
+        # the engine wraps the model, which re-binds it to the parameters its strategy replaces.
+        delay_optimizer_creation = self.is_fsdp_enabled
         if self._optimizer_prepared:
             wiring.replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
-        else:
+        elif not delay_optimizer_creation:
             self._scheduler_built = self.lr_scheduler is None
-            self.create_optimizer()  # the engine re-binds it to the parameters its strategy shards or replaces
+            self.create_optimizer()
         self._prepare_model(self._wrap_model(self.model_wrapped))
         if not self._optimizer_prepared:
+            if delay_optimizer_creation:
+                self._scheduler_built = self.lr_scheduler is None
+                self.create_optimizer()
             self.optimizer = self.accelerator.prepare(self.optimizer)
             self.create_scheduler(num_training_steps=max_steps)
             # The schedule counts optimizer steps itself (stepped by the loop), so it is checkpointed, not prepared.
