@@ -7,6 +7,7 @@ transformers' test files against trainkit is described in docs/upstream-tests.md
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -140,8 +141,6 @@ def test_listed_callbacks_are_transformers_and_the_log_files_are_still_written(t
     trainer = Trainer(model=EchoModel(), args=_args(tmp_path, run_name="run"), train_dataset=IndexDataset(8),
                       callbacks=[Mine])
     names = [type(callback).__name__ for callback in trainer.callback_handler.callbacks]
-    import importlib.util
-
     import transformers
 
     if importlib.util.find_spec("accelerate") is not None:  # transformers' Trainer needs it (absent as users install us)
@@ -329,6 +328,8 @@ def test_resume_warns_about_intervals_that_differ_from_the_checkpoint(tmp_path, 
 # ----------------------------------------------------------------------------- inspection
 
 
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
+                    reason="transformers.Trainer (the oracle) needs accelerate, absent here as users install trainkit")
 def test_learning_rates_and_trainable_parameters_as_transformers_reports_them(tmp_path):
     """get_learning_rates (one value per parameter group, after a warm-up step) and
     get_num_trainable_parameters (frozen parameters left out) equal transformers.Trainer's on the same model."""
