@@ -358,9 +358,9 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
                               resume_from_checkpoint: str | None) -> tuple[nn.Module, Any]:
         """Optimizer, the engine's model, schedule and, when resuming, the checkpoint's engine state (optimizer,
         schedule, random states, data position); returns (the model to train, the training DataLoader)."""
-        # As transformers: under FSDP the optimizer is created over the sharded parameters (a rank that built the
-        # model on the meta device would otherwise pick its optimizer's kernels from meta tensors); otherwise before
-        # the engine wraps the model, which re-binds it to the parameters its strategy replaces.
+        # As transformers: under FSDP the optimizer is created over the sharded parameters (an AdamW created over a
+        # rank's meta-device model and re-bound after sharding trained measurably apart from the run where every
+        # rank loads the weights; SGD did not); otherwise before the engine wraps the model, which re-binds it.
         delay_optimizer_creation = self.is_fsdp_enabled
         if self._optimizer_prepared:
             wiring.replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
