@@ -36,7 +36,7 @@ SEAMS = {
 }
 """Concepts that grow: a contract and a registry, so that a new implementation is one file and one entry."""
 
-ACCELERATE_PATH_SHIMS = {"trainkit", "trainkit.accelerator", "trainkit.data_loader", "trainkit.local_sgd", "trainkit.logging",
+ACCELERATE_PATH_SHIMS = {"trainkit", "trainkit.accelerator", "trainkit.big_modeling", "trainkit.data_loader", "trainkit.local_sgd", "trainkit.logging",
                          "trainkit.optimizer", "trainkit.scheduler", "trainkit.state", "trainkit.tracking"}
 """Top-level modules that exist because Accelerate scripts import them by these paths; with ``trainkit.utils``
 they re-export engine objects, so they (and the layers above the engine) are the only importers of the engine."""

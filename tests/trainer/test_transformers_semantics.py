@@ -7,6 +7,7 @@ transformers' test files against trainkit is described in docs/upstream-tests.md
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -142,13 +143,14 @@ def test_listed_callbacks_are_transformers_and_the_log_files_are_still_written(t
     names = [type(callback).__name__ for callback in trainer.callback_handler.callbacks]
     import transformers
 
-    class Theirs(transformers.TrainerCallback):
-        pass
+    if importlib.util.find_spec("accelerate") is not None:  # transformers' Trainer needs it (absent as users install us)
+        class Theirs(transformers.TrainerCallback):
+            pass
 
-    Theirs.__name__ = "Mine"
-    oracle = transformers.Trainer(model=EchoModel(), args=transformers.TrainingArguments(
-        str(tmp_path / "oracle"), use_cpu=True, report_to="none", disable_tqdm=True), callbacks=[Theirs])
-    assert names == [type(callback).__name__ for callback in oracle.callback_handler.callbacks]
+        Theirs.__name__ = "Mine"
+        oracle = transformers.Trainer(model=EchoModel(), args=transformers.TrainingArguments(
+            str(tmp_path / "oracle"), use_cpu=True, report_to="none", disable_tqdm=True), callbacks=[Theirs])
+        assert names == [type(callback).__name__ for callback in oracle.callback_handler.callbacks]
     assert names == ["DefaultFlowCallback", "Mine", "PrinterCallback"]  # the progress callback added last
     trainer.train()
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
@@ -326,6 +328,8 @@ def test_resume_warns_about_intervals_that_differ_from_the_checkpoint(tmp_path, 
 # ----------------------------------------------------------------------------- inspection
 
 
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
+                    reason="transformers.Trainer (the oracle) needs accelerate, absent here as users install trainkit")
 def test_learning_rates_and_trainable_parameters_as_transformers_reports_them(tmp_path):
     """get_learning_rates (one value per parameter group, after a warm-up step) and
     get_num_trainable_parameters (frozen parameters left out) equal transformers.Trainer's on the same model."""

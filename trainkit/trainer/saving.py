@@ -18,6 +18,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from trainkit.engine.parallel.pretrained import sharded_by_transformers
+
 from .checkpointing import files as checkpoints
 from .callbacks import TrainerControl, is_exportable
 
@@ -54,9 +56,13 @@ def is_pretrained(model: Any) -> bool:
 def gathered_state_dict(accelerator: Any, model: nn.Module) -> dict[str, Any] | None:
     """Collective: the full state dict of a model whose parameters are sharded (DTensors: FSDP2, tensor
     parallelism), complete on the main process; None for a model that holds its full weights itself."""
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    if not any(isinstance(parameter, DTensor) for parameter in model.parameters()):
+    # FSDP2 leaves the root's parameters unsharded after a forward without backward (an evaluation): they are then
+    # not DTensors, yet only FSDP's state-dict path reads them right.
+    if not (any(isinstance(module, FSDPModule) for module in model.modules())
+            or any(isinstance(parameter, DTensor) for parameter in model.parameters())):
         return None
     return accelerator.get_state_dict(model)
 
@@ -97,7 +103,8 @@ class SavingMethods:
         state_dict = None
         if output_dir != self._engine_saved_weights_to:  # a checkpoint's weights are already written
             self._prepare_model()
-            state_dict = gathered_state_dict(self.accelerator, checkpoints.prepared_model(self))
+            if not sharded_by_transformers(self.accelerator.unwrap_model(self.model_wrapped)):  # it gathers itself
+                state_dict = gathered_state_dict(self.accelerator, checkpoints.prepared_model(self))
         self._save(output_dir, state_dict=state_dict)
         self.accelerator.wait_for_everyone()
         if self.args.push_to_hub and not _internal_call:
@@ -107,11 +114,13 @@ class SavingMethods:
         """Main process: the weights (``state_dict``, else the model's own), config, processing class and
         ``training_args.json`` into ``output_dir``; in a checkpoint the engine has written the weights already."""
         output_dir = str(output_dir if output_dir is not None else self.args.output_dir)
+        model: Any = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
         if not self.args.should_save:
+            if output_dir != self._engine_saved_weights_to and sharded_by_transformers(model):
+                model.save_pretrained(output_dir, is_main_process=False)  # gathering its shards is collective
             return
         os.makedirs(output_dir, exist_ok=True)
         logger.info("Saving the model to %s", output_dir)
-        model: Any = self.accelerator.unwrap_model(self.model_wrapped, keep_torch_compile=False)
         if output_dir == self._engine_saved_weights_to:
             checkpoints.save_model_config(model, output_dir)
         elif is_pretrained(model):

@@ -361,13 +361,20 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
                               resume_from_checkpoint: str | None) -> tuple[nn.Module, Any]:
         """Optimizer, the engine's model, schedule and, when resuming, the checkpoint's engine state (optimizer,
         schedule, random states, data position); returns (the model to train, the training DataLoader)."""
+        # As transformers: under FSDP the optimizer is created over the sharded parameters (an AdamW created over a
+        # rank's meta-device model and re-bound after sharding trained measurably apart from the run where every
+        # rank loads the weights; SGD did not); otherwise before the engine wraps the model, which re-binds it.
+        delay_optimizer_creation = self.is_fsdp_enabled
         if self._optimizer_prepared:
             replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
-        else:
+        elif not delay_optimizer_creation:
             self._scheduler_built = self.lr_scheduler is None
-            self.create_optimizer()  # the engine re-binds it to the parameters its strategy shards or replaces
+            self.create_optimizer()
         self._prepare_model(self._wrap_model(self.model_wrapped))
         if not self._optimizer_prepared:
+            if delay_optimizer_creation:
+                self._scheduler_built = self.lr_scheduler is None
+                self.create_optimizer()
             self.optimizer = self.accelerator.prepare(self.optimizer)
             self.create_scheduler(num_training_steps=max_steps)
             # The schedule counts optimizer steps itself (stepped by the loop), so it is checkpointed, not prepared.

@@ -145,7 +145,8 @@ class Checkpointer:
         With ``async_save`` it is captured now and written by the background writer; ``synchronous`` writes it
         before returning anyway (a save in flight is finished first, so checkpoints become visible in order).
         ``replace``: a complete checkpoint there is replaced once this one is committed; ``set_aside_damaged``: one
-        that does not verify is kept aside (names the caller owns). ``after_commit`` runs once it is visible.
+        that does not verify is kept aside (names the caller owns). ``after_commit`` runs once it is visible, on the
+        process that wrote its shared files (one per folder holder).
         ``ranks``: the processes taking part (default: every process)."""
         storage, final_dir, ranks = self.place(folder, ranks)
         metadata = self._with_layout(storage, ranks, metadata)
@@ -170,7 +171,7 @@ class Checkpointer:
                 storage.commit(staging, final_dir, error=error, ranks=ranks)
             raise
         storage.commit(staging, final_dir, metadata=metadata, ranks=ranks)
-        if after_commit is not None:
+        if after_commit is not None and ranks.is_leader:  # as the background writer: where the shared files went
             after_commit(final_dir)
         return final_dir
 
