@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .checkpoint.merged_weights import merge_weights
     from .checkpoint.serialization import save_safetensors
     from .data import PreparedDataLoader
-    from .parallel.pretrained import transformers_layout
+    from .parallel.pretrained import sharded_by_transformers, transformers_layout
     from .precision.registry import check_precision_device
     from .process.collectives import broadcast_object_list
     from .process.devices import check_processes_fit_gpus
@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "deepspeed_plugin_settings": "trainkit.engine.accelerator_parts.configuration",
     "dynamo_from_arguments": "trainkit.engine.accelerator_parts.configuration",
     "transformers_layout": "trainkit.engine.parallel.pretrained",
+    "sharded_by_transformers": "trainkit.engine.parallel.pretrained",
     "check_precision_device": "trainkit.engine.precision.registry",
     "tracker_names": "trainkit.engine.tracking",
     # processes

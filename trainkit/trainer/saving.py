@@ -18,7 +18,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.parallel.pretrained import sharded_by_transformers
+from trainkit.engine import sharded_by_transformers
 
 from .checkpointing import files as checkpoints
 from .callbacks import TrainerControl, is_exportable
