@@ -3,10 +3,10 @@ checkpoints are named, kept and written.
 
 ``ProjectConfiguration`` (``trainkit.utils.dataclasses``, Accelerate's ``project_config``) declares its fields
 with these :class:`~trainkit.config.options.Option` objects and parses them once, when it is built;
-``TrainingArguments`` parses the fields it shares (:data:`CHECKPOINTING`, each option's ``training_arguments``
-keyword names the field, :func:`training_arguments_fields`) once, in its checks, and the Trainer hands them
-over already parsed (``ProjectConfiguration.from_parsed``). The engine's checkpointer and background writer read the parsed values and check
-nothing again. No torch here.
+``TrainingArguments`` parses the fields it shares (each option's ``training_arguments`` keyword names the field,
+:func:`training_arguments_fields`) once, in its checks, and the Trainer hands them over already parsed
+(``ProjectConfiguration.from_parsed``). The engine's checkpointer and background writer read the parsed values
+and check nothing again. No torch here.
 """
 
 from __future__ import annotations
@@ -60,6 +60,6 @@ CHECKPOINTING: dict[str, Option] = {
 
 
 def training_arguments_fields() -> dict[str, tuple[str, Option]]:
-    """``TrainingArguments`` field -> (the ``ProjectConfiguration`` field it sets, its option), from the declarations."""
+    """``TrainingArguments`` field -> (the ``ProjectConfiguration`` field it sets, its option)."""
     return {keyword.name: (name, option) for name, option in CHECKPOINTING.items()
             for keyword in option.training_arguments}
