@@ -122,7 +122,7 @@ class InitProcessGroupKwargs(KwargsHandler):
 @dataclasses.dataclass
 class ProjectConfiguration:
     """Where trackers and automatically named checkpoints go (Accelerate's ``project_config``); its checkpointing
-    settings are declared once in ``trainkit.config.checkpointing`` and parsed here, once."""
+    settings are declared once, with their help, in ``trainkit.config.checkpointing`` and parsed here, once."""
 
     project_dir: str | None = None
     logging_dir: str | None = None
@@ -130,14 +130,9 @@ class ProjectConfiguration:
     total_limit: int | None = TOTAL_LIMIT.field()
     iteration: int = 0
     save_on_each_node: bool = SAVE_ON_EACH_NODE.field()
-    """Write checkpoints on each machine's first process (for machines without a shared disk)."""
     # trainkit extensions: keyword-only, so no positional call written for Accelerate can reach them.
     async_save: bool = ASYNC_SAVE.field(kw_only=True)
-    """trainkit: ``save_state`` returns once the state is copied to host memory; a background thread writes,
-    checksums and commits it atomically (docs/checkpoints.md, "Asynchronous saves")."""
     async_save_when_busy: str = ASYNC_SAVE_WHEN_BUSY.field(kw_only=True)
-    """trainkit, with ``async_save``: a save that finds the previous one still being written waits for it
-    ("wait", the default: no checkpoint is lost) or is skipped on every process with a warning ("skip")."""
 
     def __post_init__(self) -> None:
         parse_declared(self, lambda name: "ProjectConfiguration")
