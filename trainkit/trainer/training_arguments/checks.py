@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 WHERE = "TrainingArguments"
 SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
 DDP_BACKENDS = ("nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl")
+DEFAULT_DDP_TIMEOUT_S = 1800  # transformers' default for ddp_timeout; left there, it counts as not set
 WORKER_START_METHODS = ("fork", "spawn", "forkserver")
 DEBUG_OPTIONS = ("underflow_overflow", "tpu_metrics_debug")
 # accelerator_config keys (transformers' AcceleratorConfig) that map onto the engine's DataLoaderConfiguration.
@@ -483,10 +484,8 @@ class ProcessAttributes:
     @property
     def ddp_timeout_if_set(self) -> timedelta | None:
         """``ddp_timeout`` when changed from transformers' default (1800 s); None lets the launcher's
-        ``collective_timeout`` or the engine's default decide, as for any field left at its default (the rule
-        ``engine_settings`` applies to every field the declarations name)."""
-        default = type(self).__dataclass_fields__["ddp_timeout"].default  # type: ignore[attr-defined]  # a dataclass
-        return None if self.ddp_timeout == default else self.ddp_timeout_delta
+        ``collective_timeout`` or the engine's default decide, as for any setting left unset."""
+        return None if self.ddp_timeout == DEFAULT_DDP_TIMEOUT_S else self.ddp_timeout_delta
 
     @property
     def process_index(self) -> int:
