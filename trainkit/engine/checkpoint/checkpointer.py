@@ -20,6 +20,8 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trainkit.config.checkpointing import ASYNC_SAVE_WHEN_BUSY
+
 from .accelerator_state import STATE_FILE
 from .async_writer import AfterCommit, BackgroundCheckpointWriter
 from .errors import CheckpointError, CorruptedCheckpointError, IncompleteCheckpointError
@@ -127,7 +129,8 @@ class Checkpointer:
         if not getattr(config, "async_save", False):
             return None
         if self.writer is None:
-            self.writer = BackgroundCheckpointWriter(getattr(config, "async_save_when_busy", "wait"))
+            when_busy = getattr(config, "async_save_when_busy", ASYNC_SAVE_WHEN_BUSY.default)  # parsed by the config
+            self.writer = BackgroundCheckpointWriter(when_busy)
         return self.writer
 
     def flush(self) -> None:
