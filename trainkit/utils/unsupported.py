@@ -23,8 +23,8 @@ _XLA = "trainkit does not drive TPUs / torch_xla"
 _FP8 = ("trainkit does not drive FP8 training (Transformer Engine, MS-AMP, torchao float8); "
         "use mixed_precision='bf16' or 'fp16'")
 _BNB = "trainkit does not quantize models with bitsandbytes (load them quantized with transformers instead)"
-_BIG_MODEL = ("trainkit does not do big-model inference (device maps, CPU/disk offload and dispatch); "
-              "load and dispatch the model with transformers' device_map before or instead of trainkit")
+_BIG_MODEL = ("trainkit does not plan or load device maps for big-model inference yet; write the device map "
+              "by hand and call trainkit.big_modeling.dispatch_model (CPU/disk offload and dispatch work)")
 _PARALLELISM = ("tensor parallelism is set with trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin "
                 "objects; docs/parallelism.md)")
 _SAGEMAKER = "trainkit does not launch on Amazon SageMaker"
