@@ -224,3 +224,15 @@ def test_tied_weight_loaded_for_one_forward_is_dropped_from_the_tied_map_after_i
                              tied_params_map=tied_map)
     torch.testing.assert_close(model(x), expected)
     assert tied_map == {model.first._hf_hook.weights_map["weight"].data_ptr(): {}}
+
+
+def test_set_module_tensor_to_device_reuses_a_tied_weight_through_the_map():
+    from trainkit.utils import set_module_tensor_to_device
+
+    model = Tied()
+    weight = model.first.weight
+    tied_map: dict = {weight.data_ptr(): {}}
+    set_module_tensor_to_device(model, "first.weight", "cpu", value=weight, tied_params_map=tied_map)
+    model.second.weight = nn.Parameter(weight.detach().clone())  # untied; the map ties it back
+    set_module_tensor_to_device(model, "second.weight", "cpu", value=weight, tied_params_map=tied_map)
+    assert model.first.weight is model.second.weight is tied_map[weight.data_ptr()]["cpu"]
