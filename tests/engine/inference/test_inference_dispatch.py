@@ -236,3 +236,12 @@ def test_set_module_tensor_to_device_reuses_a_tied_weight_through_the_map():
     model.second.weight = nn.Parameter(weight.detach().clone())  # untied; the map ties it back
     set_module_tensor_to_device(model, "second.weight", "cpu", value=weight, tied_params_map=tied_map)
     assert model.first.weight is model.second.weight is tied_map[weight.data_ptr()]["cpu"]
+
+
+def test_dispatch_model_reads_a_torch_device_main_device_like_its_string(tmp_path):
+    net, x = _net(), torch.randn(2, 3)
+    expected = net(x)
+    dispatch_model(net, {"linear1": "cpu", "norm": "cpu", "linear2": "disk"}, main_device=torch.device("cpu"),
+                   offload_dir=tmp_path)
+    assert net.linear1.weight.device.type == "cpu"  # a "cpu" block on a CPU main device is not offloaded
+    torch.testing.assert_close(net(x), expected)
