@@ -27,6 +27,8 @@ _LAZY = {
     "find_executable_batch_size": "trainkit.utils.memory",
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
+    **{name: "trainkit.big_modeling" for name in (
+        "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model")},
     "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
     "notebook_launcher": "trainkit.engine.process.launchers",
     "debug_launcher": "trainkit.engine.process.launchers",

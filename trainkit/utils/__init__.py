@@ -99,6 +99,13 @@ _LAZY = {
         "id_tensor_storage", "load", "load_state_dict", "model_has_dtensor", "named_module_tensors",
         "retie_parameters", "get_non_persistent_buffers", "compute_module_total_buffer_size")},
     "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
+    # big-model inference runtime (trainkit.engine.inference)
+    **{name: "trainkit.engine.inference.align" for name in (
+        "align_module_device", "get_state_dict_from_offload", "get_state_dict_offloaded_model",
+        "has_offloaded_params")},
+    **{name: "trainkit.engine.inference.offload" for name in (
+        "OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight", "load_offloaded_weights",
+        "offload_state_dict", "offload_weight", "save_offload_index")},
     "is_compiled_module": "trainkit.engine.step.unwrapping",
     "has_compiled_regions": "trainkit.engine.step.unwrapping",
     **{name: "trainkit.utils.operations" for name in (

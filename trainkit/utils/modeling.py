@@ -60,14 +60,17 @@ _ELSEWHERE = {
     "is_peft_model": "trainkit.utils.other",
     "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
     "get_grad_scaler": "trainkit.utils.environment",
+    **{name: "trainkit.engine.inference.align" for name in (
+        "align_module_device", "get_state_dict_from_offload", "get_state_dict_offloaded_model",
+        "has_offloaded_params")},
+    "load_offloaded_weights": "trainkit.engine.inference.offload",
 }
 _REFUSED = (
-    "align_module_device", "calculate_maximum_sizes", "check_device_map", "check_device_same",
+    "calculate_maximum_sizes", "check_device_map", "check_device_same",
     "check_tied_parameters_in_config", "check_tied_parameters_on_same_device", "clean_device_map",
     "fallback_allocate", "get_balanced_memory", "get_max_layer_size",
     "get_max_memory", "get_mixed_precision_context_manager", "get_module_leaves", "get_module_size_with_ties",
-    "get_state_dict_from_offload", "get_state_dict_offloaded_model",
-    "has_offloaded_params", "infer_auto_device_map", "load_offloaded_weights")
+    "infer_auto_device_map")
 
 
 def __getattr__(name: str) -> Any:
