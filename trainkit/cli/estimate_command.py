@@ -81,7 +81,7 @@ def empty_model(args: argparse.Namespace) -> Any:
     library = _library(args)
     with torch.device("meta"):
         if library == "timm":
-            import timm
+            import timm  # type: ignore[import-not-found]  # optional: only timm models need it
 
             return timm.create_model(add_timm_hub_prefix(args.model_name), pretrained=False)
         if library != "transformers":

@@ -8,10 +8,12 @@ AssertionError naming what differed; success prints one line from the main proce
 
 from __future__ import annotations
 
+from typing import Any
+
 SUCCESS = "trainkit test: all checks passed; distributed training works with this configuration."
 
 
-def check_processes(accelerator) -> None:  # type: ignore[no-untyped-def]
+def check_processes(accelerator: Any) -> None:
     """Every process takes part in the collectives, with the right rank."""
     import torch
 
@@ -21,7 +23,7 @@ def check_processes(accelerator) -> None:  # type: ignore[no-untyped-def]
     assert int(total.item()) == accelerator.num_processes, f"sum of ones gave {total.item()}"
 
 
-def check_training(accelerator) -> None:  # type: ignore[no-untyped-def]
+def check_training(accelerator: Any) -> None:
     """Each process reads its own batches; after a few steps the weights agree on every process."""
     import torch
 
@@ -52,7 +54,7 @@ def main() -> None:
 
     accelerator = Accelerator()
     accelerator.print(f"trainkit test: {accelerator.num_processes} process(es), device {accelerator.device}, "
-                      f"distributed type {accelerator.distributed_type}, mixed precision {accelerator.mixed_precision}")
+                      f"distributed type {accelerator.distributed_type.value}, mixed precision {accelerator.mixed_precision}")
     check_processes(accelerator)
     check_training(accelerator)
     accelerator.wait_for_everyone()

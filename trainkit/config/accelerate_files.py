@@ -41,8 +41,8 @@ class BaseConfig:
         sagemaker = self.compute_environment == AMAZON_SAGEMAKER
         choices = _SAGEMAKER_DISTRIBUTED_TYPES if sagemaker else DISTRIBUTED_TYPES + UNSUPPORTED_DISTRIBUTED_TYPES
         self.distributed_type = check_choice("distributed_type", _text(self.distributed_type), choices, where="config")
-        if getattr(self, "dynamo_config", None) is None:
-            self.dynamo_config = {}
+        if getattr(self, "dynamo_config", {}) is None:  # both subclasses declare it
+            setattr(self, "dynamo_config", {})
 
     def to_dict(self) -> dict[str, Any]:
         """The file's mapping: keys with a value (None and empty blocks are left out, as Accelerate writes)."""
@@ -51,11 +51,7 @@ class BaseConfig:
     @classmethod
     def from_mapping(cls, mapping: dict[str, Any], *, where: str = "config") -> BaseConfig:
         """Build from a file's mapping: older spellings updated (``fp16``, ``dynamo_backend``), unknown keys refused."""
-        values = _with_defaults(dict(mapping), where)
-        known = {field.name for field in dataclasses.fields(cls)}
-        for key in sorted(set(values) - known):
-            raise unknown_key_error(key, known, where=where)
-        return cls(**values)
+        return cls(**_checked(cls, mapping, where))
 
     @classmethod
     def from_yaml_file(cls, yaml_file: str | os.PathLike[str] | None = None) -> BaseConfig:
@@ -148,7 +144,18 @@ def load_config_from_file(config_file: str | os.PathLike[str] | None) -> Cluster
         raise FileNotFoundError(f"Config file {str(path)!r} does not exist (write one with `trainkit config`).")
     mapping = read_mapping_file(path)
     sagemaker = _text(mapping.get("compute_environment", LOCAL_MACHINE)).upper() == AMAZON_SAGEMAKER
-    return (SageMakerConfig if sagemaker else ClusterConfig).from_mapping(mapping, where=str(path))
+    if sagemaker:
+        return SageMakerConfig(**_checked(SageMakerConfig, mapping, str(path)))
+    return ClusterConfig(**_checked(ClusterConfig, mapping, str(path)))
+
+
+def _checked(cls: type[BaseConfig], mapping: dict[str, Any], where: str) -> dict[str, Any]:
+    """``mapping`` with :func:`_with_defaults` applied; a key ``cls`` does not declare is a ConfigError naming it."""
+    values = _with_defaults(dict(mapping), where)
+    known = {field.name for field in dataclasses.fields(cls)}
+    for key in sorted(set(values) - known):
+        raise unknown_key_error(key, known, where=where)
+    return values
 
 
 def _with_defaults(values: dict[str, Any], where: str) -> dict[str, Any]:
