@@ -151,8 +151,10 @@ def load_config_from_file(config_file: str | os.PathLike[str] | None) -> Cluster
 
 def _checked(cls: type[BaseConfig], mapping: dict[str, Any], where: str) -> dict[str, Any]:
     """``mapping`` with :func:`_with_defaults` applied; a key ``cls`` does not declare is a ConfigError naming it."""
-    values = _with_defaults(dict(mapping), where)
     known = {field.name for field in dataclasses.fields(cls)}
+    values = _with_defaults(dict(mapping), where)
+    if "num_processes" in known and _text(values["distributed_type"]) == "NO":
+        values.setdefault("num_processes", 1)
     for key in sorted(set(values) - known):
         raise unknown_key_error(key, known, where=where)
     return values
@@ -163,8 +165,6 @@ def _with_defaults(values: dict[str, Any], where: str) -> dict[str, Any]:
     values.setdefault("compute_environment", LOCAL_MACHINE)
     if "distributed_type" not in values:
         raise ConfigError(f"{where} has no 'distributed_type' (one of {', '.join(DISTRIBUTED_TYPES)}).")
-    if _text(values["distributed_type"]) == "NO":
-        values.setdefault("num_processes", 1)
     fp16 = values.pop("fp16", None)
     values.setdefault("mixed_precision", "fp16" if fp16 else None)
     if "dynamo_backend" in values:

@@ -99,6 +99,7 @@ _LAZY = {
         "id_tensor_storage", "load", "load_state_dict", "model_has_dtensor", "named_module_tensors",
         "retie_parameters", "get_non_persistent_buffers", "compute_module_total_buffer_size")},
     "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
+    "prepare_simple_launcher_cmd_env": "trainkit.utils.launch",  # trainkit launch's own step (trainkit.cli.launch_steps)
     "is_compiled_module": "trainkit.engine.step.unwrapping",
     "has_compiled_regions": "trainkit.engine.step.unwrapping",
     **{name: "trainkit.utils.operations" for name in (
