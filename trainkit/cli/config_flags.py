@@ -50,7 +50,7 @@ _PARALLELISM_DEFAULTS = {"cp_backend": "torch", "cp_comm_strategy": "allgather",
                          "dp_replicate_size": 1, "dp_shard_size": 1, "sp_attn_implementation": "sdpa",
                          "sp_backend": "deepspeed", "sp_seq_length_is_variable": True, "sp_size": 1, "tp_size": 1}
 ACCELERATE_DEFAULTS: dict[str, Any] = {
-    **dict.fromkeys(("use_cpu", "multi_gpu", "use_deepspeed", "use_fsdp", "debug", "same_network",
+    **dict.fromkeys(("use_cpu", "multi_gpu", "use_deepspeed", "use_fsdp", "same_network",
                      "use_parallelism_config", "dynamo_use_fullgraph", "dynamo_use_dynamic",
                      "dynamo_use_regional_compilation"), False),
     "dynamo_mode": "default", "max_restarts": 0, "monitor_interval": 0.1, "rdzv_backend": "static", "rdzv_conf": "",
