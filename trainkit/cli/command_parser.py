@@ -15,12 +15,14 @@ from .flag_spellings import accept_hyphen_spellings
 
 
 def command_parser(name: str, module: ModuleType, subparsers: Any = None) -> argparse.ArgumentParser:
-    """The parser of command ``name`` (its module's ``HELP`` and ``add_arguments``), both flag spellings accepted.
+    """The parser of command ``name`` (its module's ``HELP``, ``DESCRIPTION`` if any, and ``add_arguments``), both
+    flag spellings accepted.
 
     ``subparsers``: an ``add_subparsers()`` result to register it in (as ``trainkit``'s own parser does);
     None builds a standalone parser whose ``prog`` is ``trainkit <name>``.
     """
-    options: dict[str, Any] = dict(description=module.HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    options: dict[str, Any] = dict(description=getattr(module, "DESCRIPTION", module.HELP),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     if subparsers is None:
         parser = argparse.ArgumentParser(prog=f"trainkit {name}", **options)
     else:

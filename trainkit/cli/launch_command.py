@@ -27,8 +27,8 @@ from .torchrun_env import override_notice, undecidable_notice
 from .launch_steps import _validate_launch_command, launch_environment, prepare_simple_launcher_cmd_env
 from .torchrun_flags import add_torchrun_flags
 
-HELP = ("Launch a training script on N processes (torchrun underneath), with Accelerate's flags and config files.\n"
-        "Every --flag_name also takes its hyphen spelling (--num-processes for --num_processes).")
+HELP = "Launch a training script on N processes (torchrun underneath), with Accelerate's flags and config files."
+DESCRIPTION = HELP + "\nEvery --flag_name also takes its hyphen spelling (--num-processes for --num_processes)."
 DEFAULT_MULTI_MACHINE_PORT = 29500
 
 

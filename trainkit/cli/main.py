@@ -1,7 +1,7 @@
 """The `trainkit` entry point: dispatches to one small module per command.
 
-A command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``, and
-must not import torch at module level (``trainkit --help`` stays fast). Adding a command is one line
+A command module defines ``HELP`` (one line; ``DESCRIPTION`` for a longer ``--help`` text),
+``add_arguments(parser)`` and ``run(args) -> int``, and must not import torch at module level (``trainkit --help`` stays fast). Adding a command is one line
 in :data:`COMMANDS`; a listed module that does not exist yet is simply not offered.
 """
 
