@@ -62,6 +62,11 @@ def test_validate_writes_the_resolved_settings_onto_args(tmp_path):
                                                                                             "MULTI_CPU")
     assert args.launch_config is resolved and precision_from_file is True
     assert resolve_config(args) == resolved  # written-back values are not typed: resolving again gives the same
+    elastic = launch_command_parser().parse_args(["--num_machines", "1:2", "--main_process_ip", "10.0.0.1",
+                                                  "--num_processes", "2", "train.py"])
+    args, resolved, _ = _validate_launch_command(elastic)
+    assert args.num_machines == "1:2" and resolved.min_machines == 1  # a typed value stays as typed
+    assert resolve_config(args) == resolved
 
 
 def test_a_one_process_cpu_launch_sets_intel_openmp_placement_only_when_asked(monkeypatch):

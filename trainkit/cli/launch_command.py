@@ -1,8 +1,8 @@
 """`trainkit launch`: resolve the config, hand it to the workers, start them through torchrun.
 
-The steps before anything starts are ``launch_steps`` (Accelerate's ``_validate_launch_command`` and
-``prepare_simple_launcher_cmd_env``). One process on one machine is a plain ``exec`` of the script (no agent, no rendezvous), unless a setting
-only torchrun's agent acts on is given (``--tee``, ``--log_dir``, restarts, ...: see ``launch_settings``).
+The steps before anything starts are in ``launch_steps`` (Accelerate's ``_validate_launch_command`` and
+``prepare_simple_launcher_cmd_env``). One process on one machine is a plain ``exec`` of the script (no agent, no
+rendezvous), unless a setting only torchrun's agent acts on is given (``--tee``, ``--log_dir``, restarts, ...: see ``launch_settings``).
 Everything else runs ``torch.distributed.run`` in this process, each worker through
 ``python -m trainkit.cli.worker`` (dies with this launcher, records its exception for the summary).
 """
@@ -21,10 +21,10 @@ from trainkit.config.preemption import PREEMPTION_REPORT_ENV
 
 from .config_flags import add_config_flags, config_layers, resolve_config
 from .launch_settings import agent_settings_given, no_effect_notice
+from .launch_steps import _validate_launch_command, launch_environment, prepare_simple_launcher_cmd_env
 from .signal_relay import SignalRelay, can_find_children
 from .torchrun_compat import SignalPlan, installed_torchrun_options, plan_signals, unknown_options
 from .torchrun_env import override_notice, undecidable_notice
-from .launch_steps import _validate_launch_command, launch_environment, prepare_simple_launcher_cmd_env
 from .torchrun_flags import add_torchrun_flags
 
 HELP = "Launch a training script on N processes (torchrun underneath), with Accelerate's flags and config files."

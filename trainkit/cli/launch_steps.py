@@ -19,7 +19,8 @@ from pathlib import Path
 
 from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handoff
 
-from .config_flags import resolve_config
+from .config_flags import ACCELERATE_DEFAULTS, resolve_config
+from .typed_flags import was_typed
 from .worker import LAUNCHER_PID_ENV
 
 RESOLVED = "launch_config"
@@ -32,20 +33,21 @@ _DISTRIBUTED_SWITCHES = {"multi_gpu": "MULTI_GPU", "use_fsdp": "FSDP", "use_deep
 
 
 def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, LaunchConfig, bool]:
-    """Resolve the launch config (ConfigError naming a bad key or value) and write its settings onto ``args``.
+    """Resolve the launch config (ConfigError naming a bad key or value) and write its settings onto ``args`` for
+    the flags not typed.
 
     Returns ``(args, config, mixed_precision_from_a_file)``; ``args.launch_config`` holds ``config`` too.
     """
     config = resolve_config(args)
-    for name in LaunchConfig.field_names():
-        if hasattr(args, name) and not isinstance(getattr(config, name), (dict, list)):
-            setattr(args, name, getattr(config, name))
-    for switch, distributed_type in _DISTRIBUTED_SWITCHES.items():
-        setattr(args, switch, config.distributed_type == distributed_type)
+    settings = {name: getattr(config, name) for name in LaunchConfig.field_names()
+                if not isinstance(getattr(config, name), (dict, list))}
+    settings.update({switch: config.distributed_type == kind for switch, kind in _DISTRIBUTED_SWITCHES.items()})
     if config.fsdp_config is not None:
-        for name in config.fsdp_config.field_names():
-            if hasattr(args, f"fsdp_{name}"):
-                setattr(args, f"fsdp_{name}", getattr(config.fsdp_config, name))
+        settings.update({f"fsdp_{name}": getattr(config.fsdp_config, name) for name in config.fsdp_config.field_names()})
+    for name, value in settings.items():
+        # A typed flag keeps what was typed (``--num_machines 1:2`` stays the range; resolving again gives the same).
+        if hasattr(args, name) and not was_typed(args, name, ACCELERATE_DEFAULTS.get(name)):
+            setattr(args, name, value)
     setattr(args, RESOLVED, config)
     source = config.source_of("mixed_precision")
     return args, config, source not in ("default", "flag") and not source.startswith("flag ")
