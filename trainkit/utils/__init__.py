@@ -106,6 +106,8 @@ _LAZY = {
     **{name: "trainkit.engine.inference.offload" for name in (
         "OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight", "load_offloaded_weights",
         "offload_state_dict", "offload_weight", "save_offload_index")},
+
+    "prepare_simple_launcher_cmd_env": "trainkit.utils.launch",  # trainkit launch's own step (trainkit.cli.launch_steps)
     "is_compiled_module": "trainkit.engine.step.unwrapping",
     "has_compiled_regions": "trainkit.engine.step.unwrapping",
     **{name: "trainkit.utils.operations" for name in (

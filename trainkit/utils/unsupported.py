@@ -61,7 +61,7 @@ NOT_DRIVEN.update({name: _PARALLELISM for name in (
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
 NOT_DRIVEN.update({name: _PIPPY for name in ("prepare_pippy",)})
 NOT_DRIVEN.update({name: _LAUNCH for name in (
-    "PrepareForLaunch", "prepare_multi_gpu_env", "prepare_deepspeed_cmd_env", "prepare_simple_launcher_cmd_env",
+    "PrepareForLaunch", "prepare_multi_gpu_env", "prepare_deepspeed_cmd_env",
     "set_numa_affinity", "setup_fp8_env", "prepare_extend_env_parallelism_config", "env_var_path_add")})
 NOT_DRIVEN.update({name: _FSDP1 for name in (
     "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer", "fsdp2_apply_ac",
@@ -204,7 +204,6 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
         "num_chunks=None, gather_output=False"
     ),
     "prepare_sagemager_args_inputs": "sagemaker_config, args",
-    "prepare_simple_launcher_cmd_env": "args",
     "prepare_tpu": "args, current_env, pod=False",
     "save_fsdp_model": "fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True",
     "save_fsdp_optimizer": "fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True",
