@@ -28,6 +28,7 @@ _LAZY = {
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
+    "infer_auto_device_map": "trainkit.engine.inference.device_map",
     "notebook_launcher": "trainkit.engine.process.launchers",
     "debug_launcher": "trainkit.engine.process.launchers",
     "ProcessState": "trainkit.engine.process.state",

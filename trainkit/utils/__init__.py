@@ -99,6 +99,12 @@ _LAZY = {
         "id_tensor_storage", "load", "load_state_dict", "model_has_dtensor", "named_module_tensors",
         "retie_parameters", "get_non_persistent_buffers", "compute_module_total_buffer_size")},
     "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
+    # big-model inference: planning device maps
+    **{name: "trainkit.engine.inference.device_map" for name in (
+        "check_device_map", "check_tied_parameters_in_config", "check_tied_parameters_on_same_device",
+        "clean_device_map", "infer_auto_device_map")},
+    **{name: "trainkit.engine.inference.memory_budget" for name in ("get_balanced_memory", "get_max_memory")},
+    **{name: "trainkit.engine.inference.layer_sizes" for name in ("calculate_maximum_sizes", "get_max_layer_size")},
     "is_compiled_module": "trainkit.engine.step.unwrapping",
     "has_compiled_regions": "trainkit.engine.step.unwrapping",
     **{name: "trainkit.utils.operations" for name in (

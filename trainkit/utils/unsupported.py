@@ -49,19 +49,17 @@ NOT_DRIVEN.update({name: _BNB for name in (
     "BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers", "get_quantized_model_device_map",
     "replace_with_bnb_layers", "get_keys_to_not_convert", "get_parameter_device", "quantize_and_offload_8bit")})
 NOT_DRIVEN.update({name: _BIG_MODEL for name in (
-    "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
+    "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
     "load_checkpoint_and_dispatch", "OffloadedWeightsLoader", "PrefixedDataset",
     "attach_layerwise_casting_hooks", "get_state_dict_from_offload",
-    "get_state_dict_offloaded_model", "clean_device_map", "check_device_same",
-    "get_module_leaves", "get_module_size_with_ties", "fallback_allocate",
+    "get_state_dict_offloaded_model", "check_device_same",
     # accelerate.hooks: the module hooks big-model inference dispatches with
     "ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "AlignDevicesHook",
     "attach_execution_device_hook", "attach_align_device_hook", "remove_hook_from_submodules",
     "attach_align_device_hook_on_blocks", "CpuOffload", "UserCpuOffloadHook", "LayerwiseCastingHook",
-    "check_device_map", "get_balanced_memory", "get_max_memory", "offload_state_dict", "offload_weight",
+    "offload_state_dict", "offload_weight",
     "load_offloaded_weight", "load_offloaded_weights", "save_offload_index", "has_offloaded_params",
-    "align_module_device", "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
-    "check_tied_parameters_in_config", "get_mixed_precision_context_manager")})
+    "align_module_device", "get_mixed_precision_context_manager")})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
     "TorchTensorParallelPlugin", "TorchTensorParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
@@ -151,11 +149,7 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "align_module_device": "module, execution_device=None",
     "apply_fp8_autowrap": "model, fp8_recipe_handler",
     "avg_losses_across_data_parallel_group": "losses",
-    "calculate_maximum_sizes": "model",
     "check_cuda_fp8_capability": "",
-    "check_device_map": "model, device_map",
-    "check_tied_parameters_in_config": "model",
-    "check_tied_parameters_on_same_device": "tied_params, device_map",
     "compile_regions_fsdp2": "module, **compile_kwargs",
     "contextual_fp8_autocast": "model_forward, fp8_recipe, use_during_eval=False",
     "convert_model": "model, to_transformer_engine=True, _convert_linear=True, _convert_ln=True",
@@ -178,22 +172,12 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "fsdp2_load_full_state_dict": "accelerator, model, full_sd, cpu_offload=False",
     "fsdp2_prepare_model": "accelerator, model",
     "fsdp2_switch_optimizer_parameters": "optimizer, mapping",
-    "get_balanced_memory": (
-        "model, max_memory=None, no_split_module_classes=None, dtype=None, special_dtypes=None, "
-        "low_zero=False"
-    ),
     "get_fsdp2_grad_scaler": "**kwargs",
-    "get_max_layer_size": "modules, module_sizes, no_split_module_classes",
-    "get_max_memory": "max_memory=None",
     "get_mixed_precision_context_manager": "native_amp=False, autocast_kwargs=None",
     "has_4bit_bnb_layers": "model",
     "has_ao_layers": "model",
     "has_offloaded_params": "module",
     "has_transformer_engine_layers": "model",
-    "infer_auto_device_map": (
-        "model, max_memory=None, no_split_module_classes=None, dtype=None, special_dtypes=None, "
-        "verbose=False, clean_result=True, offload_buffers=False, fallback_allocation=False"
-    ),
     "install_xla": "upgrade=False",
     "load_and_quantize_model": (
         "model, bnb_quantization_config, weights_location=None, device_map=None, "
@@ -262,12 +246,8 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
         'non_blocking=False'
     ),
     "check_device_same": 'first_device, second_device',
-    "clean_device_map": "device_map, module_name=''",
     "env_var_path_add": 'env_var_name, path_to_add',
-    "fallback_allocate": 'modules, module_sizes, size_limit, no_split_module_classes=None, tied_parameters=None',
     "get_keys_to_not_convert": 'model',
-    "get_module_leaves": 'module_sizes',
-    "get_module_size_with_ties": 'tied_params, module_size, module_sizes, modules_to_treat',
     "get_parameter_device": 'parameter',
     "get_quantized_model_device_map": (
         'model, bnb_quantization_config, device_map=None, max_memory=None, no_split_module_classes=None'
