@@ -4,13 +4,15 @@ refuse when used (see ``trainkit.utils.unsupported``)."""
 
 from typing import Any
 
+from trainkit.engine.inference.loading import load_checkpoint_and_dispatch
 from trainkit.utils.modeling import init_empty_weights, init_on_device
 from trainkit.utils.unsupported import refusing_module
 
 _REFUSED = ("attach_layerwise_casting_hooks", "cpu_offload", "cpu_offload_with_hook", "disk_offload",
-            "dispatch_model", "load_checkpoint_and_dispatch")
+            "dispatch_model")
 
 __all__ = ["init_empty_weights", "init_on_device", *_REFUSED]
+__all__ += ["load_checkpoint_and_dispatch"]
 
 
 def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:

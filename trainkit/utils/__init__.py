@@ -89,7 +89,7 @@ _LAZY = {
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "skip_first_batches": "trainkit.data_loader",
-    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
+    "load_checkpoint_in_model": "trainkit.engine.inference.loading",
     # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
     "DummyOptim": "trainkit.engine.deepspeed.from_config",
     "DummyScheduler": "trainkit.engine.deepspeed.from_config",

@@ -58,7 +58,7 @@ _ELSEWHERE = {
         "get_non_persistent_buffers", "compute_module_total_buffer_size")},
     "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
     "is_peft_model": "trainkit.utils.other",
-    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
+    "load_checkpoint_in_model": "trainkit.engine.inference.loading",
     "get_grad_scaler": "trainkit.utils.environment",
     # big-model inference: planning device maps (trainkit/engine/inference/)
     **{name: "trainkit.engine.inference.device_map" for name in (

@@ -50,7 +50,7 @@ NOT_DRIVEN.update({name: _BNB for name in (
     "replace_with_bnb_layers", "get_keys_to_not_convert", "get_parameter_device", "quantize_and_offload_8bit")})
 NOT_DRIVEN.update({name: _BIG_MODEL for name in (
     "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
-    "load_checkpoint_and_dispatch", "OffloadedWeightsLoader", "PrefixedDataset",
+    "OffloadedWeightsLoader", "PrefixedDataset",
     "attach_layerwise_casting_hooks", "get_state_dict_from_offload",
     "get_state_dict_offloaded_model", "check_device_same",
     # accelerate.hooks: the module hooks big-model inference dispatches with
@@ -182,12 +182,6 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "load_and_quantize_model": (
         "model, bnb_quantization_config, weights_location=None, device_map=None, "
         "no_split_module_classes=None, max_memory=None, offload_folder=None, offload_state_dict=False"
-    ),
-    "load_checkpoint_and_dispatch": (
-        "model, checkpoint, device_map=None, max_memory=None, no_split_module_classes=None, "
-        "offload_folder=None, offload_buffers=False, dtype=None, offload_state_dict=None, skip_keys=None, "
-        "preload_module_classes=None, force_hooks=False, strict=False, full_state_dict=True, "
-        "broadcast_from_rank0=False"
     ),
     "load_fsdp_model": "fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True",
     "load_fsdp_optimizer": (
