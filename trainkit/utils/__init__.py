@@ -105,6 +105,13 @@ _LAZY = {
         "clean_device_map", "infer_auto_device_map")},
     **{name: "trainkit.engine.inference.memory_budget" for name in ("get_balanced_memory", "get_max_memory")},
     **{name: "trainkit.engine.inference.layer_sizes" for name in ("calculate_maximum_sizes", "get_max_layer_size")},
+    # big-model inference runtime (trainkit.engine.inference)
+    **{name: "trainkit.engine.inference.align" for name in (
+        "align_module_device", "get_state_dict_from_offload", "get_state_dict_offloaded_model",
+        "has_offloaded_params")},
+    **{name: "trainkit.engine.inference.offload" for name in (
+        "OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight", "load_offloaded_weights",
+        "offload_state_dict", "offload_weight", "save_offload_index")},
     "is_compiled_module": "trainkit.engine.step.unwrapping",
     "has_compiled_regions": "trainkit.engine.step.unwrapping",
     **{name: "trainkit.utils.operations" for name in (

@@ -60,19 +60,19 @@ _ELSEWHERE = {
     "is_peft_model": "trainkit.utils.other",
     "load_checkpoint_in_model": "trainkit.engine.inference.loading",
     "get_grad_scaler": "trainkit.utils.environment",
+    **{name: "trainkit.engine.inference.align" for name in (
+        "align_module_device", "get_state_dict_from_offload", "get_state_dict_offloaded_model",
+        "has_offloaded_params")},
+    "load_offloaded_weights": "trainkit.engine.inference.offload",
     # big-model inference: planning device maps (trainkit/engine/inference/)
     **{name: "trainkit.engine.inference.device_map" for name in (
-        "check_device_map", "clean_device_map", "check_tied_parameters_in_config",
+        "check_device_map", "check_device_same", "clean_device_map", "check_tied_parameters_in_config",
         "check_tied_parameters_on_same_device", "fallback_allocate", "infer_auto_device_map")},
     **{name: "trainkit.engine.inference.memory_budget" for name in ("get_balanced_memory", "get_max_memory")},
     **{name: "trainkit.engine.inference.layer_sizes" for name in (
         "calculate_maximum_sizes", "get_max_layer_size", "get_module_leaves", "get_module_size_with_ties")},
 }
-_REFUSED = (
-    "align_module_device", "check_device_same",
-    "get_mixed_precision_context_manager",
-    "get_state_dict_from_offload", "get_state_dict_offloaded_model",
-    "has_offloaded_params", "load_offloaded_weights")
+_REFUSED = ("get_mixed_precision_context_manager",)
 
 
 def __getattr__(name: str) -> Any:

@@ -49,17 +49,7 @@ NOT_DRIVEN.update({name: _BNB for name in (
     "BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers", "get_quantized_model_device_map",
     "replace_with_bnb_layers", "get_keys_to_not_convert", "get_parameter_device", "quantize_and_offload_8bit")})
 NOT_DRIVEN.update({name: _BIG_MODEL for name in (
-    "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model",
-    "OffloadedWeightsLoader", "PrefixedDataset",
-    "attach_layerwise_casting_hooks", "get_state_dict_from_offload",
-    "get_state_dict_offloaded_model", "check_device_same",
-    # accelerate.hooks: the module hooks big-model inference dispatches with
-    "ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "AlignDevicesHook",
-    "attach_execution_device_hook", "attach_align_device_hook", "remove_hook_from_submodules",
-    "attach_align_device_hook_on_blocks", "CpuOffload", "UserCpuOffloadHook", "LayerwiseCastingHook",
-    "offload_state_dict", "offload_weight",
-    "load_offloaded_weight", "load_offloaded_weights", "save_offload_index", "has_offloaded_params",
-    "align_module_device", "get_mixed_precision_context_manager")})
+    "get_mixed_precision_context_manager")})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
     "TorchTensorParallelPlugin", "TorchTensorParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
@@ -132,8 +122,6 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
         "custom_megatron_datasets_provider_function=None, custom_get_batch_function=None, "
         "custom_loss_function=None, other_megatron_args=None"
     ),
-    "OffloadedWeightsLoader": "state_dict=None, save_folder=None, index=None, device=None",
-    "PrefixedDataset": "dataset, prefix",
     "PrepareForLaunch": "launcher, distributed_type='NO', debug=False",
     "SwanLabTracker": "run_name, **kwargs",
     "T5TrainStep": "accelerator, args",
@@ -146,7 +134,6 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "TorchTensorParallelPlugin": "tp_size=1, torch_device_mesh=None",
     "TrackioTracker": "run_name, **kwargs",
     "add_model_config_to_megatron_parser": "model_type",
-    "align_module_device": "module, execution_device=None",
     "apply_fp8_autowrap": "model, fp8_recipe_handler",
     "avg_losses_across_data_parallel_group": "losses",
     "check_cuda_fp8_capability": "",
@@ -154,16 +141,7 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "contextual_fp8_autocast": "model_forward, fp8_recipe, use_during_eval=False",
     "convert_model": "model, to_transformer_engine=True, _convert_linear=True, _convert_ln=True",
     "convert_model_to_fp8_ao": "model, config=None, module_filter_func=None",
-    "cpu_offload": (
-        "model, execution_device=None, offload_buffers=False, state_dict=None, preload_module_classes=None"
-    ),
-    "cpu_offload_with_hook": "model, execution_device=None, prev_module_hook=None",
     "disable_fsdp_ram_efficient_loading": "",
-    "disk_offload": "model, offload_dir, execution_device=None, offload_buffers=False, preload_module_classes=None",
-    "dispatch_model": (
-        "model, device_map, main_device=None, state_dict=None, offload_dir=None, offload_index=None, "
-        "offload_buffers=False, skip_keys=None, preload_module_classes=None, force_hooks=False"
-    ),
     "enable_fsdp_ram_efficient_loading": "",
     "ensure_weights_retied": "param_init_fn, model, device",
     "filter_first_and_last_linear_layers": "module, fqn",
@@ -176,7 +154,6 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "get_mixed_precision_context_manager": "native_amp=False, autocast_kwargs=None",
     "has_4bit_bnb_layers": "model",
     "has_ao_layers": "model",
-    "has_offloaded_params": "module",
     "has_transformer_engine_layers": "model",
     "install_xla": "upgrade=False",
     "load_and_quantize_model": (
@@ -188,11 +165,7 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
         "fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False, "
         "use_dcp=True"
     ),
-    "load_offloaded_weight": "weight_file, weight_info",
-    "load_offloaded_weights": "model, index, offload_folder",
     "merge_fsdp_weights": "checkpoint_dir, output_path, safe_serialization=True, remove_checkpoint_dir=False",
-    "offload_state_dict": "save_dir, state_dict",
-    "offload_weight": "weight, weight_name, offload_folder, index=None",
     "parse_bert_config": "megatron_lm_plugin, model, batch_data",
     "parse_glm4_moe_config": "megatron_lm_plugin, model, batch_data",
     "parse_gpt2_config": "megatron_lm_plugin, model, batch_data",
@@ -209,51 +182,20 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "prepare_tpu": "args, current_env, pod=False",
     "save_fsdp_model": "fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True",
     "save_fsdp_optimizer": "fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True",
-    "save_offload_index": "index, offload_folder",
     "set_numa_affinity": "local_process_index, verbose=None",
     "torchao_required": "func",
     "write_basic_config": "mixed_precision='no', save_location=None",
     # names at the accelerate.hooks, .big_modeling, .utils.bnb, .utils.launch and .utils.modeling paths
-    "AlignDevicesHook": (
-        'execution_device=None, offload=False, io_same_device=False, weights_map=None, offload_buffers=False, '
-        'place_submodules=False, skip_keys=None, tied_params_map=None'
-    ),
-    "CpuOffload": 'execution_device=None, prev_module_hook=None',
-    "LayerwiseCastingHook": 'storage_dtype, compute_dtype, non_blocking',
-    "ModelHook": '*args, **kwargs',
-    "SequentialHook": '*hooks',
-    "UserCpuOffloadHook": 'model, hook',
-    "add_hook_to_module": 'module, hook, append=False',
-    "attach_align_device_hook": (
-        'module, execution_device=None, offload=False, weights_map=None, offload_buffers=False, '
-        "module_name='', skip_keys=None, preload_module_classes=None, tied_params_map=None"
-    ),
-    "attach_align_device_hook_on_blocks": (
-        'module, execution_device=None, offload=False, weights_map=None, offload_buffers=False, '
-        "module_name='', skip_keys=None, preload_module_classes=None, tied_params_map=None"
-    ),
-    "attach_execution_device_hook": (
-        'module, execution_device, skip_keys=None, preload_module_classes=None, tied_params_map=None'
-    ),
-    "attach_layerwise_casting_hooks": (
-        'module, storage_dtype, compute_dtype, skip_modules_pattern=None, skip_modules_classes=None, '
-        'non_blocking=False'
-    ),
-    "check_device_same": 'first_device, second_device',
     "env_var_path_add": 'env_var_name, path_to_add',
     "get_keys_to_not_convert": 'model',
     "get_parameter_device": 'parameter',
     "get_quantized_model_device_map": (
         'model, bnb_quantization_config, device_map=None, max_memory=None, no_split_module_classes=None'
     ),
-    "get_state_dict_from_offload": "module, module_name, state_dict, device_to_put_offload='cpu'",
-    "get_state_dict_offloaded_model": 'model',
     "prepare_extend_env_parallelism_config": 'args, current_env',
     "quantize_and_offload_8bit": (
         'model, param, param_name, new_dtype, offload_folder, offload_index, fp16_statistics'
     ),
-    "remove_hook_from_module": 'module, recurse=False',
-    "remove_hook_from_submodules": 'module',
     "replace_with_bnb_layers": 'model, bnb_quantization_config, modules_to_not_convert=None, current_key_name=None',
     "setup_fp8_env": 'args, current_env',
 }

@@ -69,6 +69,14 @@ def check_device_map(model: nn.Module, device_map: Mapping[str, Any]) -> None:
                          f"{', '.join(uncovered)}")
 
 
+def check_device_same(first_device: torch.device, second_device: torch.device) -> bool:
+    """True when two devices are the same one; an accelerator without an index (``cuda``) is its device 0."""
+    def indexed(device: torch.device) -> torch.device:
+        return device if device.type == "cpu" or device.index is not None else torch.device(device.type, 0)
+
+    return indexed(first_device) == indexed(second_device)
+
+
 def device_of(name: str, device_map: Mapping[str, Any]) -> Any:
     """The device ``device_map`` gives the tensor or module ``name`` (its own key, or its nearest enclosing one)."""
     scope = name
