@@ -48,8 +48,7 @@ NOT_DRIVEN.update({name: _FP8 for name in (
 NOT_DRIVEN.update({name: _BNB for name in (
     "BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers", "get_quantized_model_device_map",
     "replace_with_bnb_layers", "get_keys_to_not_convert", "get_parameter_device", "quantize_and_offload_8bit")})
-NOT_DRIVEN.update({name: _BIG_MODEL for name in (
-    "get_mixed_precision_context_manager")})
+NOT_DRIVEN.update({name: _BIG_MODEL for name in ("get_mixed_precision_context_manager",)})
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
     "TorchTensorParallelPlugin", "TorchTensorParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
