@@ -102,8 +102,10 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     if "PreTrainedModel" not in [cls.__name__ for cls in inspect.getmro(type(model))]:
         return False
     config = getattr(model, "config", None)
-    text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    tied_embeddings = bool(getattr(text_config, "tie_word_embeddings", False) and model.get_output_embeddings())
+    get_text_config = getattr(config, "get_text_config", None)
+    text_config = get_text_config(decoder=True) if get_text_config is not None else config
+    output_embeddings = getattr(model, "get_output_embeddings", lambda: None)()
+    tied_embeddings = bool(getattr(text_config, "tie_word_embeddings", False) and output_embeddings is not None)
     tied_encoder_decoder = bool(getattr(config, "is_encoder_decoder", False)
                                 and getattr(config, "tie_encoder_decoder", False))
     return tied_embeddings or tied_encoder_decoder or any(hasattr(module, "_tie_weights") for module in model.modules())
@@ -152,7 +154,7 @@ def fallback_allocate(modules: list[Part], module_sizes: Mapping[str, int], size
 def infer_auto_device_map(model: nn.Module, max_memory: Mapping[Device, int | str] | None = None,
                           no_split_module_classes: str | Iterable[str] | None = None,
                           dtype: str | torch.dtype | None = None,
-                          special_dtypes: Mapping[str, str | torch.dtype] | None = None, verbose: bool = False,
+                          special_dtypes: dict[str, str | torch.dtype] | None = None, verbose: bool = False,
                           clean_result: bool = True, offload_buffers: bool = False,
                           fallback_allocation: bool = False) -> DeviceMap:
     """Plan a device map for ``model`` within ``max_memory`` (default: what is free now), filling accelerators
@@ -178,7 +180,7 @@ class _Planner:
     """One run of :func:`infer_auto_device_map`: the parts still to place and what each device holds."""
 
     def __init__(self, model: nn.Module, max_memory: Mapping[Device, int | str] | None, no_split: list[str],
-                 dtype: str | torch.dtype | None, special_dtypes: Mapping[str, str | torch.dtype] | None, *,
+                 dtype: str | torch.dtype | None, special_dtypes: dict[str, str | torch.dtype] | None, *,
                  verbose: bool, offload_buffers: bool, fallback_allocation: bool) -> None:
         self.budget = get_max_memory(max_memory)
         self.devices: list[Device] = [*self.budget, *([] if "disk" in self.budget else ["disk"])]
@@ -261,10 +263,11 @@ class _Planner:
             self.buffers[device] += compute_module_total_buffer_size(part, self.dtype, self.special_dtypes)
 
     def split_tied(self, name: str, part: nn.Module | torch.Tensor, tied_names: list[str],
-                   tied_modules: list[nn.Module]) -> bool:
+                   tied_modules: list[nn.Module | torch.Tensor]) -> bool:
         """Open the first splittable part tied to ``name`` into its direct parts, and treat ``name`` again."""
         for tied_name, tied_module in zip(tied_names, tied_modules):
             if is_splittable(tied_module, self.no_split):
+                assert isinstance(tied_module, nn.Module)
                 self.say(f"Splitting {tied_name}, tied to {name}.")
                 index = next(i for i, (other, _) in enumerate(self.queue) if other == tied_name)
                 self.queue[index:index + 1] = direct_parts(tied_name, tied_module)

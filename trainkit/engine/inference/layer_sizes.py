@@ -26,7 +26,8 @@ def is_inside(name: str, scope: str) -> bool:
 def direct_parts(name: str, module: nn.Module) -> list[Part]:
     """The module's own parameters, its children, then its own buffers, under their full names."""
     prefix = f"{name}." if name else ""
-    parts = [*module.named_parameters(recurse=False), *module.named_children(), *module.named_buffers(recurse=False)]
+    parts: list[Part] = [*module.named_parameters(recurse=False), *module.named_children(),
+                         *module.named_buffers(recurse=False)]
     return [(prefix + part_name, part) for part_name, part in parts]
 
 
@@ -45,7 +46,7 @@ def is_splittable(part: nn.Module | torch.Tensor, no_split_module_classes: Seque
             and type(part).__name__ not in no_split_module_classes)
 
 
-def get_max_layer_size(modules: list[Part], module_sizes: Mapping[str, int],
+def get_max_layer_size(modules: Sequence[Part], module_sizes: Mapping[str, int],
                        no_split_module_classes: Sequence[str]) -> tuple[int, list[str]]:
     """The size of the largest layer among ``modules`` (and inside them) and the names of the layers that size."""
     largest, names = 0, []
@@ -75,19 +76,19 @@ def tied_outside(name: str, tied_parameters: list[list[str]]) -> list[str]:
 
 
 def get_module_size_with_ties(tied_params: list[str], module_size: int, module_sizes: Mapping[str, int],
-                              modules_to_treat: list[Part]) -> tuple[int, list[str], list[nn.Module]]:
+                              modules_to_treat: Sequence[Part]) -> tuple[int, list[str], list[nn.Module | torch.Tensor]]:
     """The bytes a part needs when the parts of ``modules_to_treat`` holding its ``tied_params`` go with it.
 
     Returns that size, and the name and module of the part holding each tied parameter (in the order of
     ``tied_params``; a part holding two of them is listed twice). A tied parameter whose part is no longer in
     ``modules_to_treat`` (already placed) adds nothing."""
-    size, names, modules = module_size, [], []
+    size, names, modules = module_size, [], []  # type: tuple[int, list[str], list[nn.Module | torch.Tensor]]
     for param in tied_params:
         holder = next(((name, part) for name, part in modules_to_treat if is_inside(param, name)), None)
         if holder is None:
             continue
         names.append(holder[0])
-        modules.append(holder[1])  # type: ignore[arg-type]  # a tensor only when the tied parameter is the part
+        modules.append(holder[1])
         # the shared tensor is already counted in the part itself
         size += module_sizes.get(holder[0], 0) - module_sizes.get(param, 0)
     return size, names, modules

@@ -8,6 +8,7 @@ be planned on a machine without them.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -28,9 +29,7 @@ _NAMED_DEVICES = ("mps", "cpu", "disk")
 def _host_memory_available() -> int:
     """Bytes of RAM available now (psutil when installed, else the kernel's MemAvailable, else free pages)."""
     try:
-        import psutil
-
-        return int(psutil.virtual_memory().available)
+        return int(importlib.import_module("psutil").virtual_memory().available)
     except ImportError:
         pass
     try:
@@ -89,7 +88,7 @@ def _largest_no_split_block(model: nn.Module, sizes: Mapping[str, int], no_split
 def get_balanced_memory(model: nn.Module, max_memory: Mapping[Device, int | str] | None = None,
                         no_split_module_classes: str | Iterable[str] | None = None,
                         dtype: str | torch.dtype | None = None,
-                        special_dtypes: Mapping[str, str | torch.dtype] | None = None,
+                        special_dtypes: dict[str, str | torch.dtype] | None = None,
                         low_zero: bool = False) -> dict[Device, int]:
     """A budget for :func:`infer_auto_device_map` that spreads the model evenly over the accelerators.
 
