@@ -42,6 +42,7 @@ MODULES = [
     "accelerate", "accelerate.utils", "accelerate.state", "accelerate.data_loader", "accelerate.logging",
     "accelerate.tracking", "accelerate.local_sgd", "accelerate.utils.dataclasses", "accelerate.utils.operations",
     "accelerate.utils.constants", "accelerate.utils.random", "accelerate.optimizer", "accelerate.scheduler",
+    "accelerate.hooks", "accelerate.big_modeling", "accelerate.utils.offload",
 ]
 CLASSES_WITH_METHODS = [
     "accelerate.Accelerator", "accelerate.state.PartialState", "accelerate.state.AcceleratorState",

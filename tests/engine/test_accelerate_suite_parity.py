@@ -235,10 +235,9 @@ def test_accelerate_module_paths_of_features_not_driven_import_and_refuse():
 
     with trainkit.big_modeling.init_empty_weights():
         assert nn.Linear(2, 2).weight.device.type == "meta"
-    for refused in (lambda: trainkit.hooks.ModelHook(), lambda: trainkit.big_modeling.dispatch_model(nn.Linear(1, 1)),
-                    lambda: trainkit.utils.bnb.replace_with_bnb_layers(None, None),
-                    lambda: trainkit.utils.launch.prepare_multi_gpu_env(None),
-                    lambda: trainkit.utils.offload.offload_weight(None, "w", "folder")):
+    assert trainkit.hooks.ModelHook and trainkit.utils.offload.offload_weight  # big-model inference: real names
+    for refused in (lambda: trainkit.utils.bnb.replace_with_bnb_layers(None, None),
+                    lambda: trainkit.utils.launch.prepare_multi_gpu_env(None)):
         with pytest.raises(NotImplementedError, match="trainkit"):
             refused()
     assert compute_module_sizes(nn.Linear(1, 1))[""] == 8

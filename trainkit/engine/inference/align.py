@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.engine.inference.hooks import ModelHook, add_hook_to_module
+from trainkit.engine.inference.hooks import ModelHook, add_hook_to_module, hook_of
 from trainkit.engine.inference.offload import PrefixedDataset
 from trainkit.utils.model_tensors import get_non_persistent_buffers, named_module_tensors
 from trainkit.utils.tensor_placement import set_module_tensor_to_device
@@ -143,7 +143,7 @@ class AlignDevicesHook(ModelHook):
         return module
 
 
-def attach_execution_device_hook(module: nn.Module, execution_device: Device,
+def attach_execution_device_hook(module: nn.Module, execution_device: Device | None,
                                  skip_keys: str | list[str] | None = None,
                                  preload_module_classes: list[str] | None = None,
                                  tied_params_map: TiedParamsMap | None = None) -> None:
@@ -159,7 +159,7 @@ def attach_execution_device_hook(module: nn.Module, execution_device: Device,
         attach_execution_device_hook(child, execution_device, skip_keys, preload_module_classes, tied_params_map)
 
 
-def attach_align_device_hook(module: nn.Module, execution_device: torch.device | None = None,
+def attach_align_device_hook(module: nn.Module, execution_device: Device | None = None,
                              offload: bool = False, weights_map: Mapping | None = None,
                              offload_buffers: bool = False, module_name: str = "",
                              skip_keys: str | list[str] | None = None,
@@ -189,7 +189,7 @@ def attach_align_device_hook(module: nn.Module, execution_device: torch.device |
 
 
 def attach_align_device_hook_on_blocks(module: nn.Module,
-                                       execution_device: Device | Mapping[str, Device] | None = None,
+                                       execution_device: Device | Mapping[str, Device | None] | None = None,
                                        offload: bool | Mapping[str, bool] = False,
                                        weights_map: Mapping | None = None, offload_buffers: bool = False,
                                        module_name: str = "", skip_keys: str | list[str] | None = None,
@@ -208,8 +208,9 @@ def attach_align_device_hook_on_blocks(module: nn.Module,
             add_hook_to_module(module, AlignDevicesHook(execution_device, io_same_device=True,
                                                         place_submodules=True, **shared))
         return
-    devices = execution_device if isinstance(execution_device, Mapping) else dict.fromkeys(offload, execution_device)
-    offloads = offload if isinstance(offload, Mapping) else dict.fromkeys(devices, offload)
+    devices: Mapping[str, Device | None] = (
+        execution_device if isinstance(execution_device, Mapping) else dict.fromkeys(offload, execution_device))  # type: ignore[arg-type]  # offload is a Mapping here
+    offloads: Mapping[str, bool] = offload if isinstance(offload, Mapping) else dict.fromkeys(devices, offload)
     is_root = module_name == ""
     if module_name in devices and module_name in offloads:
         _hook_block(module, devices[module_name], offloads[module_name], is_root, weights_map, offload_buffers,
@@ -223,7 +224,7 @@ def attach_align_device_hook_on_blocks(module: nn.Module,
             preload_module_classes=preload_module_classes, **shared)
 
 
-def _hook_block(module: nn.Module, device: Device, offloaded: bool, is_root: bool, weights_map: Mapping | None,
+def _hook_block(module: nn.Module, device: Device | None, offloaded: bool, is_root: bool, weights_map: Mapping | None,
                 offload_buffers: bool, module_name: str, preload_module_classes: list[str] | None,
                 shared: dict[str, Any]) -> None:
     """The hooks of one block of a device map (see :func:`attach_align_device_hook_on_blocks`)."""
@@ -241,7 +242,7 @@ def _hook_block(module: nn.Module, device: Device, offloaded: bool, is_root: boo
 
 def has_offloaded_params(module: nn.Module) -> bool:
     """Whether ``module`` carries an :class:`AlignDevicesHook` that offloads its weights."""
-    hook = getattr(module, "_hf_hook", None)
+    hook = hook_of(module)
     return isinstance(hook, AlignDevicesHook) and hook.offload
 
 
@@ -250,8 +251,8 @@ def align_module_device(module: nn.Module, execution_device: Device | None = Non
     """Within the block, ``module``'s own parameters are on ``execution_device``: an offloaded module's weights
     are loaded (on its hook's execution device when none is given) and offloaded again after; a plain module's
     parameters are moved there and back. Without offload or device, nothing moves."""
-    if has_offloaded_params(module):
-        hook = module._hf_hook
+    hook = hook_of(module)
+    if isinstance(hook, AlignDevicesHook) and hook.offload:
         original = hook.execution_device
         if execution_device is not None:
             hook.execution_device = execution_device

@@ -135,7 +135,7 @@ def dispatch_model(model: nn.Module, device_map: dict[str, Device], main_device:
                            offload_buffers, skip_keys, preload_module_classes)
     else:
         model.to(next(iter(devices)))
-    model.hf_device_map = dict(device_map)
+    setattr(model, "hf_device_map", dict(device_map))
     return model
 
 
@@ -150,11 +150,12 @@ def _attach_device_map(model: nn.Module, device_map: dict[str, Device], main_dev
     on_disk = [name for name, device in device_map.items() if device == "disk"]
     if main_device != "cpu" and state_dict is None and on_cpu:
         state_dict = extract_submodules_state_dict(model.state_dict(), on_cpu)
-    if on_disk and offload_dir is None and offload_index is None:
-        raise ValueError(f"dispatch_model: the device_map puts {', '.join(on_disk)} on 'disk'; pass offload_dir "
-                         "(a folder to write their weights to) or offload_index.")
-    if on_disk and offload_index is None and not _has_offload_index(offload_dir):  # type: ignore[arg-type]  # set when offload_index is None
-        offload_state_dict(offload_dir, extract_submodules_state_dict(model.state_dict(), on_disk))  # type: ignore[arg-type]
+    if on_disk and offload_index is None:
+        if offload_dir is None:
+            raise ValueError(f"dispatch_model: the device_map puts {', '.join(on_disk)} on 'disk'; pass offload_dir "
+                             "(a folder to write their weights to) or offload_index.")
+        if not _has_offload_index(offload_dir):
+            offload_state_dict(offload_dir, extract_submodules_state_dict(model.state_dict(), on_disk))
     save_folder = offload_dir if on_disk else None
     weights_map = None
     if state_dict is not None or save_folder is not None or offload_index is not None:
@@ -178,7 +179,7 @@ def _attach_device_map(model: nn.Module, device_map: dict[str, Device], main_dev
                        " and ".join(kept_off))
     retie_parameters(model, tied_groups)  # the hooks replaced parameters one module at a time
     model.to = _refusing_moves(model.to, model)  # type: ignore[method-assign]  # instance attribute, dropped by remove_hook_from_module
-    model.cuda = _refusing_moves(model.cuda, model)  # type: ignore[method-assign]
+    model.cuda = _refusing_moves(model.cuda, model)  # type: ignore[method-assign]  # likewise
 
 
 def _refusing_moves(move: Callable[..., Any], model: nn.Module) -> Callable[..., Any]:

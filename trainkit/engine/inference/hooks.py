@@ -76,11 +76,17 @@ class SequentialHook(ModelHook):
         return module
 
 
+def hook_of(module: nn.Module) -> ModelHook | None:
+    """The hook :func:`add_hook_to_module` attached to ``module`` (its ``_hf_hook``), or None."""
+    hook: ModelHook | None = getattr(module, "_hf_hook", None)
+    return hook
+
+
 def _hooked_forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    hook = module._hf_hook
+    hook: ModelHook = module._hf_hook  # type: ignore[assignment]  # set by add_hook_to_module (nn.Module types attributes as Tensor | Module)
     args, kwargs = hook.pre_forward(module, *args, **kwargs)
     with torch.no_grad() if hook.no_grad else contextlib.nullcontext():
-        output = module._old_forward(*args, **kwargs)
+        output = module._old_forward(*args, **kwargs)  # type: ignore[operator]  # the forward saved by add_hook_to_module
     return hook.post_forward(module, output)
 
 
@@ -91,27 +97,24 @@ def _is_fx_graph_module(module: nn.Module) -> bool:
 
 
 def _set_forward(module: nn.Module, forward: Any) -> None:
-    if _is_fx_graph_module(module):
-        type(module).forward = forward
-    else:
-        module.forward = forward
+    setattr(type(module) if _is_fx_graph_module(module) else module, "forward", forward)
 
 
 def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False) -> nn.Module:
     """Run ``hook`` around ``module``'s forward (in place; returns the module). An existing hook is replaced, or
     with ``append=True`` chained before ``hook`` in a :class:`SequentialHook`. The wrapper keeps the forward's
     name and signature; the original forward stays reachable as ``module._old_forward``."""
-    if append and getattr(module, "_hf_hook", None) is not None:
-        previous = module._hf_hook
+    previous = hook_of(module)
+    if append and previous is not None:
         remove_hook_from_module(module)
         hook = SequentialHook(previous, hook)
     if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward"):
-        original = module._old_forward  # replacing a hook: keep the forward from before any hook
+        original = getattr(module, "_old_forward")  # replacing a hook: keep the forward from before any hook
     else:
         original = module.forward
-        module._old_forward = original
+        setattr(module, "_old_forward", original)
     module = hook.init_hook(module)
-    module._hf_hook = hook
+    setattr(module, "_hf_hook", hook)
     # A partial (not a closure) holds the module, so copy.deepcopy of a hooked model binds the copy's own forward.
     _set_forward(module, functools.update_wrapper(functools.partial(_hooked_forward, module), original))
     return module
@@ -120,11 +123,12 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
 def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Module:
     """Detach the hook of ``module`` (its ``detach_hook`` runs) and restore its own forward; with ``recurse``,
     of every submodule too. Returns the module."""
-    if hasattr(module, "_hf_hook"):
-        module._hf_hook.detach_hook(module)
+    hook = hook_of(module)
+    if hook is not None:
+        hook.detach_hook(module)
         del module._hf_hook
     if hasattr(module, "_old_forward"):
-        _set_forward(module, module._old_forward)
+        _set_forward(module, getattr(module, "_old_forward"))
         del module._old_forward
     for name in DISPATCH_WRAPPED_METHODS:
         module.__dict__.pop(name, None)
