@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainkit.engine.inference.device_map import (DeviceMap, check_tied_parameters_in_config,
+from trainkit.engine.inference.device_map import (DeviceMap, check_device_map, check_tied_parameters_in_config,
                                                   check_tied_parameters_on_same_device, device_of,
                                                   infer_auto_device_map)
 from trainkit.engine.inference.layer_sizes import is_inside
@@ -114,6 +114,7 @@ def _check_arguments(model: nn.Module, device_map: Mapping[str, Any] | None,
         logger.warning("The model's config ties weights but none are tied: call model.tie_weights() before loading.")
     if device_map is None:
         return
+    check_device_map(model, device_map)  # before anything moves: every tensor has a device
     check_tied_parameters_on_same_device(tied, device_map)
     if "disk" in device_map.values():
         if offload_folder is None:
