@@ -202,7 +202,7 @@ def load_state_dict(checkpoint_file: str, device_map: Any = None) -> dict[str, t
     if device_map is None:
         return load_file(checkpoint_file, device="cpu")
     with safe_open(checkpoint_file, framework="pt") as file:
-        devices = {name: _mapped_device(name, device_map) for name in file.keys()}  # safe_open has keys() but is no mapping
+        devices = {name: _mapped_device(name, device_map) for name in file.keys()}  # safe_open is no mapping
     tensors = {}
     for device in dict.fromkeys(devices.values()):  # one pass per device, each tensor read straight onto it
         with safe_open(checkpoint_file, framework="pt", device=device) as file:

@@ -76,7 +76,8 @@ def tied_outside(name: str, tied_parameters: list[list[str]]) -> list[str]:
 
 
 def get_module_size_with_ties(tied_params: list[str], module_size: int, module_sizes: Mapping[str, int],
-                              modules_to_treat: Sequence[Part]) -> tuple[int, list[str], list[nn.Module | torch.Tensor]]:
+                              modules_to_treat: Sequence[Part],
+                              ) -> tuple[int, list[str], list[nn.Module | torch.Tensor]]:
     """The bytes a part needs when the parts of ``modules_to_treat`` holding its ``tied_params`` go with it.
 
     Returns that size, and the name and module of the part holding each tied parameter (in the order of

@@ -136,8 +136,9 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | os.PathLike, de
     its buffers stay on the CPU unless ``offload_buffers``); ``offload_state_dict`` keeps the CPU tensors on disk
     until every shard is read. ``dtype`` casts floating-point weights, except those under
     ``keep_in_fp32_modules`` (float32); without it, weights take the dtype of the model's tensors. With
-    ``strict``, a key the checkpoint lacks or the model lacks is an error; otherwise it is logged. Tied parameters are tied again at the end. ``dispatch_model`` (or
-    ``load_checkpoint_and_dispatch``) then makes a model spread over devices runnable."""
+    ``strict``, a key the checkpoint lacks or the model lacks is an error; otherwise it is logged. Tied
+    parameters are tied again at the end. ``dispatch_model`` (or ``load_checkpoint_and_dispatch``) then makes a
+    model spread over devices runnable."""
     tied = find_tied_parameters(model)
     _check_arguments(model, device_map, offload_folder, tied, {
         "offload_8bit_bnb": offload_8bit_bnb, "full_state_dict": not full_state_dict,
