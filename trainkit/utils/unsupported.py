@@ -23,8 +23,6 @@ _XLA = "trainkit does not drive TPUs / torch_xla"
 _FP8 = ("trainkit does not drive FP8 training (Transformer Engine, MS-AMP, torchao float8); "
         "use mixed_precision='bf16' or 'fp16'")
 _BNB = "trainkit does not quantize models with bitsandbytes (load them quantized with transformers instead)"
-_BIG_MODEL = ("trainkit does not do big-model inference (device maps, CPU/disk offload and dispatch); "
-              "load and dispatch the model with transformers' device_map before or instead of trainkit")
 _PARALLELISM = ("tensor parallelism is set with trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin "
                 "objects; docs/parallelism.md)")
 _SAGEMAKER = "trainkit does not launch on Amazon SageMaker"
@@ -48,7 +46,8 @@ NOT_DRIVEN.update({name: _FP8 for name in (
 NOT_DRIVEN.update({name: _BNB for name in (
     "BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers", "get_quantized_model_device_map",
     "replace_with_bnb_layers", "get_keys_to_not_convert", "get_parameter_device", "quantize_and_offload_8bit")})
-NOT_DRIVEN.update({name: _BIG_MODEL for name in ("get_mixed_precision_context_manager",)})
+NOT_DRIVEN["get_mixed_precision_context_manager"] = (
+    "Accelerate's internal autocast helper; use `with accelerator.autocast():` (the Accelerator's mixed precision)")
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
     "TorchTensorParallelPlugin", "TorchTensorParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})

@@ -124,7 +124,8 @@ class AlignDevicesHook(ModelHook):
     def post_forward(self, module: nn.Module, output: Any) -> Any:
         if self.offload:
             for name, _ in list(self._offloaded(module)):
-                set_module_tensor_to_device(module, name, "meta")
+                # No cache flush per tensor: the allocator's cached blocks serve the next forward's loads.
+                set_module_tensor_to_device(module, name, "meta", clear_cache=False)
             for pointer, device in self._tied_loaded_here:
                 self.tied_params_map[pointer].pop(device, None)  # type: ignore[index]  # set when the list is not empty
             self._tied_loaded_here = []
