@@ -82,7 +82,7 @@ class AlignDevicesHook(ModelHook):
         set_module_tensor_to_device(module, name, placed.device, value=placed)
 
     def init_hook(self, module: nn.Module) -> nn.Module:
-        if self.execution_device is not None and torch.device(self.execution_device).type == "meta":
+        if str(self.execution_device) == "meta":
             self.tied_params_map = None  # every meta tensor has data pointer 0: nothing to share
         everything = dict(named_module_tensors(module, recurse=self.place_submodules))
         if not self.offload:
