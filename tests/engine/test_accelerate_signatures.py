@@ -43,6 +43,7 @@ MODULES = [
     "accelerate.tracking", "accelerate.local_sgd", "accelerate.utils.dataclasses", "accelerate.utils.operations",
     "accelerate.utils.constants", "accelerate.utils.random", "accelerate.optimizer", "accelerate.scheduler",
     "accelerate.hooks", "accelerate.big_modeling", "accelerate.utils.offload",
+    "accelerate.utils.modeling",
 ]
 CLASSES_WITH_METHODS = [
     "accelerate.Accelerator", "accelerate.state.PartialState", "accelerate.state.AcceleratorState",

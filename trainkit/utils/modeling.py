@@ -60,6 +60,7 @@ _ELSEWHERE = {
     "is_peft_model": "trainkit.utils.other",
     "load_checkpoint_in_model": "trainkit.engine.inference.loading",
     "get_grad_scaler": "trainkit.utils.environment",
+    "WEIGHTS_INDEX_NAME": "trainkit.utils.constants",
     **{name: "trainkit.engine.inference.align" for name in (
         "align_module_device", "get_state_dict_from_offload", "get_state_dict_offloaded_model",
         "has_offloaded_params")},
