@@ -177,3 +177,60 @@ def test_plans_equal_accelerates(build, budget, options):
     balanced = {key: size for key, size in budget.items() if isinstance(key, int)}
     assert get_balanced_memory(model, max_memory=dict(balanced)) == \
         accelerate_modeling.get_balanced_memory(model, max_memory=dict(balanced))
+
+
+def tiny_t5() -> nn.Module:
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from trainkit import init_empty_weights
+
+    with init_empty_weights():  # planning needs no memory
+        model = T5ForConditionalGeneration(T5Config(num_layers=3, d_model=32, d_ff=64, num_heads=2, d_kv=16,
+                                                    vocab_size=100))
+    model.tie_weights()
+    return model
+
+
+def tiny_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from trainkit import init_empty_weights
+
+    with init_empty_weights():
+        model = GPT2LMHeadModel(GPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=100, n_positions=64,
+                                           bos_token_id=0, eos_token_id=0))
+    model.tie_weights()
+    return model
+
+
+def test_a_transformers_model_keeps_its_tied_embeddings_and_blocks_together():
+    from trainkit.utils.modeling import compute_module_sizes
+
+    model = tiny_t5()
+    total = compute_module_sizes(model)[""]
+    device_map = infer_auto_device_map(model, max_memory={0: total // 3, 1: total // 3, "cpu": total // 4},
+                                       no_split_module_classes=model._no_split_modules)
+    # the shared embedding, both stacks' embed_tokens and the head are one tensor: one device, the first
+    assert [device_map[name] for name in ("shared", "encoder.embed_tokens", "decoder.embed_tokens", "lm_head")] == [
+        0, 0, 0, 0]
+    # blocks are never split ("encoder.block.0" at most), and the rest spills to device 1 and on to disk (the CPU's
+    # quarter is less than the room it keeps for a block)
+    assert all(key.count(".") <= 2 for key in device_map) and set(device_map.values()) == {0, 1, "disk"}
+    check_device_map(model, device_map)
+
+
+@pytest.mark.parametrize("build", [tiny_gpt2, tiny_t5])
+def test_plans_of_transformers_models_equal_accelerates(build):
+    accelerate_modeling = pytest.importorskip("accelerate.utils.modeling", reason="Accelerate is the oracle")
+    model = build()
+    total = accelerate_modeling.compute_module_sizes(model)[""]
+    no_split = list(model._no_split_modules)
+    for budget in ({0: total // 3, 1: total // 3, "cpu": total // 4}, {0: total // 2, "cpu": total}):
+        for options in ({}, {"no_split_module_classes": no_split, "dtype": torch.float16}):
+            assert dict(infer_auto_device_map(model, max_memory=dict(budget), **options)) == \
+                dict(accelerate_modeling.infer_auto_device_map(model, max_memory=dict(budget), **options))
+    spread = {0: total // 2, 1: total // 2, 2: total}
+    for low_zero in (False, True):
+        assert get_balanced_memory(model, dict(spread), no_split_module_classes=no_split, low_zero=low_zero) == \
+            accelerate_modeling.get_balanced_memory(model, dict(spread), no_split_module_classes=no_split,
+                                                    low_zero=low_zero)

@@ -80,9 +80,14 @@ def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> dict
     return {key: convert_file_size_to_int(max_memory[key]) for key in ordered}
 
 
-def _largest_no_split_block(model: nn.Module, sizes: Mapping[str, int], no_split: list[str]) -> int:
-    return max((sizes.get(name, 0) for name, module in model.named_modules()
-                if name and type(module).__name__ in no_split), default=0)
+def _no_split_block_size(model: nn.Module, sizes: Mapping[str, int], no_split: list[str]) -> int:
+    """The largest of the first block of each class not to split, in the model's order (Accelerate's measure:
+    the blocks of one class are usually alike)."""
+    first: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if name and type(module).__name__ in no_split:
+            first.setdefault(type(module).__name__, sizes.get(name, 0))
+    return max(first.values(), default=0)
 
 
 def get_balanced_memory(model: nn.Module, max_memory: Mapping[Device, int | str] | None = None,
@@ -93,7 +98,7 @@ def get_balanced_memory(model: nn.Module, max_memory: Mapping[Device, int | str]
     """A budget for :func:`infer_auto_device_map` that spreads the model evenly over the accelerators.
 
     Each accelerator but the last gets the model's size divided by their number, plus a margin of 1.25 times the
-    larger of the biggest block not to split and the mean size of the model's last-level modules (so that layers
+    larger of a block not to split and the mean size of the model's last-level modules (so that layers
     are not pushed to the CPU by rounding); the last keeps its whole budget. ``low_zero`` puts on accelerator 0
     only what the others cannot hold (it keeps room for ``generate``). With one accelerator and no ``max_memory``,
     10 % of its free memory is left unplanned for activations."""
@@ -114,7 +119,7 @@ def get_balanced_memory(model: nn.Module, max_memory: Mapping[Device, int | str]
     tensors = set(get_module_leaves(sizes))
     last_modules = get_module_leaves({name: size for name, size in sizes.items() if name not in tensors})
     mean_last_module = int(sum(sizes[name] for name in last_modules) / max(len(last_modules), 1))
-    largest_block = _largest_no_split_block(model, sizes, no_split_names(no_split_module_classes))
+    largest_block = _no_split_block_size(model, sizes, no_split_names(no_split_module_classes))
     per_device += int(1.25 * max(largest_block, mean_last_module))
     first = accelerators[0]
     for index in accelerators[:-1]:
