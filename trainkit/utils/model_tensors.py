@@ -8,7 +8,7 @@ import enum
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -210,12 +210,22 @@ def load_state_dict(checkpoint_file: str, device_map: Any = None) -> dict[str, t
     return {name: tensors[name] for name in devices}
 
 
-def _mapped_device(name: str, device_map: dict[str, Any]) -> Any:
-    """The device of ``name``'s nearest enclosing key in ``device_map`` (``"cpu"`` for ``"disk"`` or none)."""
+def mapped_key(name: str, device_map: Mapping[str, Any]) -> str | None:
+    """The key of ``device_map`` that places tensor or module ``name``: its own, else its nearest enclosing
+    module's (``""`` places everything); None when no key does."""
     scope = name
-    while scope not in device_map and scope:
+    while scope not in device_map:
+        if not scope:
+            return None
         scope = scope.rpartition(".")[0]
-    device = device_map.get(scope, "cpu")
+    return scope
+
+
+def _mapped_device(name: str, device_map: Mapping[str, Any]) -> Any:
+    """Where to read tensor ``name`` for ``device_map``: its device (integers are CUDA indices), or the CPU for
+    ``"disk"`` and names the map does not place."""
+    key = mapped_key(name, device_map)
+    device = "cpu" if key is None else device_map[key]
     if device in ("disk", "meta"):
         return "cpu"
     return f"cuda:{device}" if isinstance(device, int) else device

@@ -26,7 +26,7 @@ from trainkit.engine.inference.layer_sizes import (Part, direct_parts, get_max_l
                                                    is_inside, is_splittable, no_split_names, tied_outside)
 from trainkit.engine.inference.memory_budget import Device, get_max_memory
 from trainkit.utils.model_tensors import (compute_module_sizes, compute_module_total_buffer_size,
-                                          convert_file_size_to_int, find_tied_parameters)
+                                          convert_file_size_to_int, find_tied_parameters, mapped_key)
 
 logger = logging.getLogger(__name__)
 
@@ -79,12 +79,10 @@ def check_device_same(first_device: torch.device, second_device: torch.device) -
 
 def device_of(name: str, device_map: Mapping[str, Any]) -> Any:
     """The device ``device_map`` gives the tensor or module ``name`` (its own key, or its nearest enclosing one)."""
-    scope = name
-    while scope not in device_map:
-        if not scope:
-            raise ValueError(f"The device_map gives no device to {name!r} (nor to a module holding it).")
-        scope = scope.rpartition(".")[0]
-    return device_map[scope]
+    key = mapped_key(name, device_map)
+    if key is None:
+        raise ValueError(f"The device_map gives no device to {name!r} (nor to a module holding it).")
+    return device_map[key]
 
 
 def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_map: Mapping[str, Any]) -> None:
