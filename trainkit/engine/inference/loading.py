@@ -23,7 +23,6 @@ from torch import nn
 from trainkit.engine.inference.device_map import (DeviceMap, check_device_map, check_tied_parameters_in_config,
                                                   check_tied_parameters_on_same_device, device_of,
                                                   infer_auto_device_map)
-from trainkit.engine.inference.layer_sizes import is_inside
 from trainkit.engine.inference.memory_budget import Device, get_balanced_memory
 from trainkit.utils.checkpoint_files import checkpoint_files
 from trainkit.utils.model_tensors import find_tied_parameters, load_state_dict, retie_parameters
@@ -35,13 +34,11 @@ _PLANNED_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
 def _as_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.removeprefix("torch."), None)
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"load_checkpoint_in_model(dtype={dtype!r}): give a torch dtype or its name ('float16').")
-    if dtype is not None and not isinstance(dtype, torch.dtype):
+    """``dtype`` as a torch dtype ("float16" and "torch.float16" name one)."""
+    resolved = getattr(torch, dtype.removeprefix("torch."), None) if isinstance(dtype, str) else dtype
+    if dtype is not None and not isinstance(resolved, torch.dtype):
         raise TypeError(f"load_checkpoint_in_model(dtype={dtype!r}): give a torch dtype or its name ('float16').")
-    return dtype
+    return resolved
 
 
 class _Placement:
@@ -66,8 +63,7 @@ class _Placement:
             return tensor.dtype
         if self.dtype is None:
             return self.model_dtypes[name]
-        return torch.float32 if any(is_inside(name, module) or f".{module}." in f".{name}."
-                                    for module in self.keep_in_fp32) else self.dtype
+        return torch.float32 if any(f".{module}." in f".{name}." for module in self.keep_in_fp32) else self.dtype
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
         from trainkit.engine.inference.offload import offload_weight
@@ -97,10 +93,12 @@ class _Placement:
             assert self.offload_folder is not None
             save_offload_index(self.disk_index, self.offload_folder)
         if self.parked_folder is not None:
-            try:
-                load_offloaded_weights(self.model, self.parked_index, self.parked_folder)
-            finally:
-                shutil.rmtree(self.parked_folder, ignore_errors=True)
+            load_offloaded_weights(self.model, self.parked_index, self.parked_folder)
+
+    def close(self) -> None:
+        """Remove the parked weights' folder (also when loading failed)."""
+        if self.parked_folder is not None:
+            shutil.rmtree(self.parked_folder, ignore_errors=True)
 
 
 def _check_arguments(model: nn.Module, device_map: Mapping[str, Any] | None,
@@ -147,6 +145,23 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | os.PathLike, de
     placement = (None if device_map is None else _Placement(model, device_map, dtype, keep_in_fp32_modules or [],
                                                             offload_folder, offload_buffers, offload_state_dict))
     expected = set(model.state_dict())
+    try:
+        loaded, unexpected = _load_files(model, checkpoint, device_map, placement, expected)
+        if placement is not None:
+            placement.finish()
+    finally:
+        if placement is not None:
+            placement.close()
+    if placement is None and dtype is not None:
+        _cast_loaded(model, loaded, dtype, keep_in_fp32_modules or [])
+    retie_parameters(model, tied)
+    _report_keys(model, checkpoint, sorted(expected - loaded - _tied_aliases(model, loaded, tied)), unexpected, strict)
+
+
+def _load_files(model: nn.Module, checkpoint: str | os.PathLike, device_map: DeviceMap | None,
+                placement: _Placement | None, expected: set[str]) -> tuple[set[str], list[str]]:
+    """Load each file of the checkpoint in turn (in place, or along the placement); the names loaded, and the
+    names the model does not have."""
     loaded: set[str] = set()
     unexpected: list[str] = []
     for file in checkpoint_files(checkpoint):
@@ -160,12 +175,7 @@ def load_checkpoint_in_model(model: nn.Module, checkpoint: str | os.PathLike, de
                 placement.put(name, tensor)
         loaded |= set(known)
         del tensors, known
-    if placement is not None:
-        placement.finish()
-    elif dtype is not None:
-        _cast_loaded(model, loaded, dtype, keep_in_fp32_modules or [])
-    retie_parameters(model, tied)
-    _report_keys(model, checkpoint, sorted(expected - loaded - _tied_aliases(model, loaded, tied)), unexpected, strict)
+    return loaded, unexpected
 
 
 def _load_in_place(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
