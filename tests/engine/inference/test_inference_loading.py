@@ -82,7 +82,10 @@ def test_load_checkpoint_in_model_casts_keeps_fp32_modules_and_parks_cpu_weights
     assert model.block[1].num_batches_tracked.dtype == torch.int64  # integers keep their dtype
     torch.testing.assert_close(model.block[1].running_mean, source.block[1].running_mean.half())
     torch.testing.assert_close(model.head.weight, source.head.weight)
-    # the parked weights' folder is gone
+    # a checkpoint that does not fit the model fails, naming the tensor; the parked weights' folder is gone either way
+    torch.save({**source.state_dict(), "head.weight": torch.zeros(2, 2)}, tmp_path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="'head.weight'.*shape"):
+        load_checkpoint_in_model(Net(), tmp_path, device_map={"": "cpu"}, offload_state_dict=True)
     assert not [f for f in set(os.listdir(tempfile.gettempdir())) - before if f.startswith("trainkit-state-dict-")]
 
 

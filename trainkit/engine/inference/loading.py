@@ -66,6 +66,12 @@ class _Placement:
         return torch.float32 if any(f".{module}." in f".{name}." for module in self.keep_in_fp32) else self.dtype
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
+        try:
+            self._put(name, tensor)
+        except ValueError as error:  # set_module_tensor_to_device names the tensor by its short name only
+            raise ValueError(f"Loading {name!r} from the checkpoint: {error}") from error
+
+    def _put(self, name: str, tensor: torch.Tensor) -> None:
         from trainkit.engine.inference.offload import offload_weight
 
         device = device_of(name, self.device_map)
