@@ -224,3 +224,24 @@ def test_tied_weight_loaded_for_one_forward_is_dropped_from_the_tied_map_after_i
                              tied_params_map=tied_map)
     torch.testing.assert_close(model(x), expected)
     assert tied_map == {model.first._hf_hook.weights_map["weight"].data_ptr(): {}}
+
+
+def test_set_module_tensor_to_device_reuses_a_tied_weight_through_the_map():
+    from trainkit.utils import set_module_tensor_to_device
+
+    model = Tied()
+    weight = model.first.weight
+    tied_map: dict = {weight.data_ptr(): {}}
+    set_module_tensor_to_device(model, "first.weight", "cpu", value=weight, tied_params_map=tied_map)
+    model.second.weight = nn.Parameter(weight.detach().clone())  # untied; the map ties it back
+    set_module_tensor_to_device(model, "second.weight", "cpu", value=weight, tied_params_map=tied_map)
+    assert model.first.weight is model.second.weight is tied_map[weight.data_ptr()]["cpu"]
+
+
+def test_dispatch_model_reads_a_torch_device_main_device_like_its_string(tmp_path):
+    net, x = _net(), torch.randn(2, 3)
+    expected = net(x)
+    dispatch_model(net, {"linear1": "cpu", "norm": "cpu", "linear2": "disk"}, main_device=torch.device("cpu"),
+                   offload_dir=tmp_path)
+    assert net.linear1.weight.device.type == "cpu"  # a "cpu" block on a CPU main device is not offloaded
+    torch.testing.assert_close(net(x), expected)

@@ -65,21 +65,13 @@ class AlignDevicesHook(ModelHook):
         return named_module_tensors(module, include_buffers=self.offload_buffers, recurse=self.place_submodules,
                                     remove_non_persistent=True)
 
-    def _on_execution_device(self, value: torch.Tensor, for_one_forward: bool) -> torch.Tensor:
-        """``value`` on the execution device, reusing the copy another module already placed for a tied weight."""
-        device, tied = self.execution_device, self.tied_params_map
-        if tied is None or value.device.type == "meta" or value.data_ptr() not in tied:
-            return value.to(device)
-        copies = tied[value.data_ptr()]
-        if device not in copies:
-            copies[device] = value.to(device)
-            if for_one_forward:
-                self._tied_loaded_here.append((value.data_ptr(), device))
-        return copies[device]
-
     def _place(self, module: nn.Module, name: str, value: torch.Tensor, for_one_forward: bool = False) -> None:
-        placed = self._on_execution_device(value, for_one_forward)
-        set_module_tensor_to_device(module, name, placed.device, value=placed)
+        """Put ``value`` as ``name`` on the execution device, sharing a tied weight's copy already placed there."""
+        tied, device = self.tied_params_map, self.execution_device
+        assert device is not None, "AlignDevicesHook places tensors only with an execution_device"
+        if for_one_forward and tied is not None and device not in tied.get(value.data_ptr(), {device: None}):
+            self._tied_loaded_here.append((value.data_ptr(), device))  # this forward placed it: drop it after
+        set_module_tensor_to_device(module, name, device, value=value, tied_params_map=tied)
 
     def init_hook(self, module: nn.Module) -> nn.Module:
         if str(self.execution_device) == "meta":

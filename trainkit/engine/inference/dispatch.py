@@ -146,9 +146,11 @@ def _attach_device_map(model: nn.Module, device_map: dict[str, Device], main_dev
     """The hooked half of :func:`dispatch_model`."""
     if main_device is None:
         main_device = next((d for d in device_map.values() if d not in OFFLOAD_TARGETS), "cpu")
+    # "cpu" blocks need no offload when the model runs on the CPU (or MPS's shared memory): weights stay put.
+    runs_on_host = str(main_device) in ("cpu", "mps")
     on_cpu = [name for name, device in device_map.items() if device == "cpu"]
     on_disk = [name for name, device in device_map.items() if device == "disk"]
-    if main_device != "cpu" and state_dict is None and on_cpu:
+    if not runs_on_host and state_dict is None and on_cpu:
         state_dict = extract_submodules_state_dict(model.state_dict(), on_cpu)
     if on_disk and offload_index is None:
         if offload_dir is None:
@@ -161,8 +163,7 @@ def _attach_device_map(model: nn.Module, device_map: dict[str, Device], main_dev
     if state_dict is not None or save_folder is not None or offload_index is not None:
         weights_map = OffloadedWeightsLoader(state_dict=state_dict, save_folder=save_folder, index=offload_index,
                                              device=main_device if offload_index is not None else None)
-    # On the CPU, "cpu" blocks need no offload: their weights are already where they run.
-    offloaded = ("disk",) if main_device in ("cpu", "mps") else OFFLOAD_TARGETS
+    offloaded = ("disk",) if runs_on_host else OFFLOAD_TARGETS
     execution = {name: main_device if device in OFFLOAD_TARGETS else device for name, device in device_map.items()}
     execution[""] = main_device
     tied_groups = find_tied_parameters(model)
