@@ -26,6 +26,7 @@ ENGINE_FOLDERS = {
     "deepspeed": "DeepSpeed configs on torch: placeholders, the optimizer and schedule a config names, ZeRO-1",
     "parallel": "N-D parallelism: the degrees' device mesh (ParallelDims), tensor-parallel plans, pretrained sharding",
     "inference": "big-model inference: module hooks, device alignment and weight offload, the offload format, dispatch",
+    # ... and device-map planning (sizes, budgets, infer_auto_device_map) and loading checkpoints along a map
 }
 """Every sub-folder of ``trainkit/engine`` and what it holds (docs/architecture.md has the same map)."""
 

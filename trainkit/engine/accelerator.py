@@ -537,10 +537,18 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
-        """Write the full weights as safetensors (sharded files plus an index above ``max_shard_size``)."""
+        """Write the full weights as safetensors (sharded files plus an index above ``max_shard_size``).
+
+        A model dispatched with offloaded weights (parameters on ``meta``) is saved from its offloaded copies,
+        one module at a time on the CPU."""
         from trainkit.engine.checkpoint.serialization import save_safetensors
 
-        state_dict = self.get_state_dict(model)
+        if any(parameter.device.type == "meta" for parameter in model.parameters()):
+            from trainkit.engine.inference.align import get_state_dict_offloaded_model
+
+            state_dict = get_state_dict_offloaded_model(model)
+        else:
+            state_dict = self.get_state_dict(model)
         if self.is_main_process:
             save_safetensors(state_dict, os.fspath(save_directory), max_shard_size)
         self.wait_for_everyone()

@@ -23,8 +23,6 @@ _XLA = "trainkit does not drive TPUs / torch_xla"
 _FP8 = ("trainkit does not drive FP8 training (Transformer Engine, MS-AMP, torchao float8); "
         "use mixed_precision='bf16' or 'fp16'")
 _BNB = "trainkit does not quantize models with bitsandbytes (load them quantized with transformers instead)"
-_BIG_MODEL = ("trainkit does not plan or load device maps for big-model inference yet; write the device map "
-              "by hand and call trainkit.big_modeling.dispatch_model (CPU/disk offload and dispatch work)")
 _PARALLELISM = ("tensor parallelism is set with trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin "
                 "objects; docs/parallelism.md)")
 _SAGEMAKER = "trainkit does not launch on Amazon SageMaker"
@@ -48,14 +46,8 @@ NOT_DRIVEN.update({name: _FP8 for name in (
 NOT_DRIVEN.update({name: _BNB for name in (
     "BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers", "get_quantized_model_device_map",
     "replace_with_bnb_layers", "get_keys_to_not_convert", "get_parameter_device", "quantize_and_offload_8bit")})
-NOT_DRIVEN.update({name: _BIG_MODEL for name in (
-    "infer_auto_device_map",
-    "load_checkpoint_and_dispatch",
-    "clean_device_map", "check_device_same",
-    "get_module_leaves", "get_module_size_with_ties", "fallback_allocate",
-    "check_device_map", "get_balanced_memory", "get_max_memory",
-    "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
-    "check_tied_parameters_in_config", "get_mixed_precision_context_manager")})
+NOT_DRIVEN["get_mixed_precision_context_manager"] = (
+    "Accelerate's internal autocast helper; use `with accelerator.autocast():` (the Accelerator's mixed precision)")
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
     "TorchTensorParallelPlugin", "TorchTensorParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
@@ -142,11 +134,7 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "add_model_config_to_megatron_parser": "model_type",
     "apply_fp8_autowrap": "model, fp8_recipe_handler",
     "avg_losses_across_data_parallel_group": "losses",
-    "calculate_maximum_sizes": "model",
     "check_cuda_fp8_capability": "",
-    "check_device_map": "model, device_map",
-    "check_tied_parameters_in_config": "model",
-    "check_tied_parameters_on_same_device": "tied_params, device_map",
     "compile_regions_fsdp2": "module, **compile_kwargs",
     "contextual_fp8_autocast": "model_forward, fp8_recipe, use_during_eval=False",
     "convert_model": "model, to_transformer_engine=True, _convert_linear=True, _convert_ln=True",
@@ -160,31 +148,15 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "fsdp2_load_full_state_dict": "accelerator, model, full_sd, cpu_offload=False",
     "fsdp2_prepare_model": "accelerator, model",
     "fsdp2_switch_optimizer_parameters": "optimizer, mapping",
-    "get_balanced_memory": (
-        "model, max_memory=None, no_split_module_classes=None, dtype=None, special_dtypes=None, "
-        "low_zero=False"
-    ),
     "get_fsdp2_grad_scaler": "**kwargs",
-    "get_max_layer_size": "modules, module_sizes, no_split_module_classes",
-    "get_max_memory": "max_memory=None",
     "get_mixed_precision_context_manager": "native_amp=False, autocast_kwargs=None",
     "has_4bit_bnb_layers": "model",
     "has_ao_layers": "model",
     "has_transformer_engine_layers": "model",
-    "infer_auto_device_map": (
-        "model, max_memory=None, no_split_module_classes=None, dtype=None, special_dtypes=None, "
-        "verbose=False, clean_result=True, offload_buffers=False, fallback_allocation=False"
-    ),
     "install_xla": "upgrade=False",
     "load_and_quantize_model": (
         "model, bnb_quantization_config, weights_location=None, device_map=None, "
         "no_split_module_classes=None, max_memory=None, offload_folder=None, offload_state_dict=False"
-    ),
-    "load_checkpoint_and_dispatch": (
-        "model, checkpoint, device_map=None, max_memory=None, no_split_module_classes=None, "
-        "offload_folder=None, offload_buffers=False, dtype=None, offload_state_dict=None, skip_keys=None, "
-        "preload_module_classes=None, force_hooks=False, strict=False, full_state_dict=True, "
-        "broadcast_from_rank0=False"
     ),
     "load_fsdp_model": "fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True",
     "load_fsdp_optimizer": (
@@ -211,13 +183,8 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "torchao_required": "func",
     "write_basic_config": "mixed_precision='no', save_location=None",
     # names at the accelerate.hooks, .big_modeling, .utils.bnb, .utils.launch and .utils.modeling paths
-    "check_device_same": 'first_device, second_device',
-    "clean_device_map": "device_map, module_name=''",
     "env_var_path_add": 'env_var_name, path_to_add',
-    "fallback_allocate": 'modules, module_sizes, size_limit, no_split_module_classes=None, tied_parameters=None',
     "get_keys_to_not_convert": 'model',
-    "get_module_leaves": 'module_sizes',
-    "get_module_size_with_ties": 'tied_params, module_size, module_sizes, modules_to_treat',
     "get_parameter_device": 'parameter',
     "get_quantized_model_device_map": (
         'model, bnb_quantization_config, device_map=None, max_memory=None, no_split_module_classes=None'
