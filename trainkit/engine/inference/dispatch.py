@@ -36,6 +36,7 @@ from trainkit.engine.inference.hooks import (
     UserCpuOffloadHook,
     add_hook_to_module,
 )
+from trainkit.engine.inference.device_map import check_device_map
 from trainkit.engine.inference.offload import INDEX_FILE, OffloadedWeightsLoader, offload_state_dict
 from trainkit.utils.model_tensors import extract_submodules_state_dict, find_tied_parameters, retie_parameters
 
@@ -104,17 +105,6 @@ def disk_offload(model: nn.Module, offload_dir: str | os.PathLike, execution_dev
     return _offload_from(model, weights_map, execution_device, offload_buffers, preload_module_classes)
 
 
-def _check_covers_model(model: nn.Module, device_map: Mapping[str, Any]) -> None:
-    """Every parameter and buffer of ``model`` must fall under a device-map entry (``""`` covers the model)."""
-    def covered(name: str) -> bool:
-        return any(key == "" or name == key or name.startswith(f"{key}.") for key in device_map)
-
-    missing = [name for name, _ in model.state_dict().items() if not covered(name)]
-    if missing:
-        raise ValueError(f"The device_map does not place every weight of {type(model).__name__}; missing: "
-                         f"{', '.join(missing)}.")
-
-
 def dispatch_model(model: nn.Module, device_map: dict[str, Device], main_device: torch.device | None = None,
                    state_dict: dict[str, torch.Tensor] | None = None, offload_dir: str | os.PathLike | None = None,
                    offload_index: dict[str, str] | None = None, offload_buffers: bool = False,
@@ -128,7 +118,7 @@ def dispatch_model(model: nn.Module, device_map: dict[str, Device], main_device:
     the model's own CPU weights) or ``offload_dir`` (written there unless it holds an ``index.json``;
     ``offload_index`` describes weights already offloaded, e.g. in safetensors files). The model's output comes
     back on its input's device. Sets ``model.hf_device_map``."""
-    _check_covers_model(model, device_map)
+    check_device_map(model, device_map)
     devices = set(device_map.values())
     if len(devices) > 1 or "disk" in devices or force_hooks:
         _attach_device_map(model, device_map, main_device, state_dict, offload_dir, offload_index,
