@@ -565,6 +565,7 @@ def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_proce
                                          **kwargs)
     prepared.synced_generator = synced
     prepared.pass_draws.draw_order = draw_order
+    sharded.on_start = prepared.pass_draws.sampler_starts  # the order is drawn when the sampler starts, as its own
     return prepared
 
 
