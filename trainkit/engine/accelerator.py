@@ -163,7 +163,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         process.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
         if self.deepspeed is not None and self.deepspeed.scaler_kwargs and scaler_kwargs is None:
             scaler_kwargs = self.deepspeed.scaler_kwargs
-        self.gradient_state = GradientState(config.gradient_accumulation_steps)
+        self.gradient_state = GradientState(config.gradient_accumulation_steps,
+                                            plugin_options=self._compat.accumulation_options)
 
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not None:
@@ -574,7 +575,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self._schedulers.clear()
         self._dataloaders.clear()
         self.gradient_state = GradientState(self.gradient_state.num_steps,
-                                            caller_opens_windows=self.gradient_state.caller_opens_windows)
+                                            caller_opens_windows=self.gradient_state.caller_opens_windows,
+                                            plugin_options=self.gradient_state.plugin_options)
         return release_memory(*objects)
 
     clear = free_memory

@@ -38,6 +38,8 @@ class CompatOptions:
     """A mixed precision's own options object (a class declared in ``trainkit.config.precision``), if given."""
     accumulation_steps: int | None = None
     sync_each_batch: bool = False
+    accumulation_options: dict[str, Any] = field(default_factory=dict)
+    """The plugin's fields given with other than their defaults, ``num_steps`` aside (``GradientState.plugin_kwargs``)."""
 
     @property
     def autocast_kwargs(self) -> AutocastKwargs | None:
@@ -96,6 +98,8 @@ def resolve_compat_options(
                 "window at the end of a dataloader, so the last short window of an epoch still steps.")
         options.accumulation_steps = gradient_accumulation_plugin.num_steps
         options.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
+        options.accumulation_options = {name: value for name, value in gradient_accumulation_plugin.to_kwargs().items()
+                                        if name != "num_steps"}
     if rng_types:
         logger.warning("Accelerator(rng_types=%s): no effect in trainkit; a shuffled loader's generator is kept in "
                        "step across processes by the loader itself (see DataLoaderConfiguration.use_seedable_sampler).",
