@@ -84,7 +84,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         cpu: force the CPU even where a GPU is present.
         fsdp_plugin: shard the model with FSDP2 using these options.
         dataloader_config: how dataloaders are sharded (:class:`DataLoaderConfiguration`).
-        log_with: tracker names ("tensorboard", "wandb", "all") or tracker objects; JSONL is always on.
+        log_with: tracker names ("tensorboard", "wandb", "jsonl", "all") or tracker objects.
         project_dir: where trackers write and ``save_state`` numbers checkpoints automatically.
         project_config: a :class:`ProjectConfiguration` (alternative to ``project_dir``).
         step_scheduler_with_optimizer: step prepared schedulers only when the optimizer stepped.
