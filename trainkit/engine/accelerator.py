@@ -26,7 +26,7 @@ from trainkit.config.engine import EngineConfig
 from trainkit.config.ignored_field import honour_ignored_keyword
 from trainkit.engine.process import collectives
 from trainkit.engine.step.accumulation import GradientState, sum_across_processes
-from trainkit.engine.accelerator_parts.options import announce_dataloader_options, resolve_compat_options
+from trainkit.engine.accelerator_parts.options import resolve_compat_options
 from trainkit.engine.accelerator_parts.attributes import AccelerateAttributes, refuse_parallelism
 from trainkit.engine.step.compile import compile_model
 from trainkit.engine.step.unwrapping import extract_model
@@ -175,7 +175,6 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
-        announce_dataloader_options(self.dataloader_config)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.log_with = check_logging_directory(resolve_log_with(log_with), self.logging_dir)
         self.trackers: list[GeneralTracker] = []

@@ -112,10 +112,12 @@ def _compiled_twin(module: Any, compile_kwargs: dict[str, Any]) -> Any:
     import torch
 
     if _is_block_list(module):
-        return torch.nn.ModuleList([torch.compile(block, **compile_kwargs) for block in module])
+        compiled: list[Any] = [torch.compile(block, **compile_kwargs) for block in module]  # OptimizedModules
+        return torch.nn.ModuleList(compiled)
     if not module._modules or not any(_is_block_list(inner) for inner in module.modules()):
         return torch.compile(module, **compile_kwargs)
-    twin = type(module).__new__(type(module))
+    module_class: Any = type(module)
+    twin = module_class.__new__(module_class)  # no __init__: the twin takes the original's state below
     twin.__dict__.update(module.__dict__)
     for name, value in module.__dict__.items():
         if hasattr(value, "__func__") and getattr(value, "__self__", None) is module:

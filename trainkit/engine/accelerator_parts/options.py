@@ -15,7 +15,6 @@ from typing import Any
 from trainkit.config.precision import PRECISIONS, declaration_for_options
 from trainkit.utils.dataclasses import (
     AutocastKwargs,
-    DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
     GradScalerKwargs,
@@ -106,10 +105,3 @@ def resolve_compat_options(
                        list(rng_types))
     return options
 
-
-def announce_dataloader_options(config: DataLoaderConfiguration) -> None:
-    """One line for each option that changes nothing in trainkit (see docs/migrating-from-accelerate.md)."""
-    if config.dispatch_batches:
-        logger.warning("DataLoaderConfiguration(dispatch_batches=True): iterable datasets are read by the main "
-                       "process and dispatched; map-style datasets are read by each process (its own part of the "
-                       "same batches).")
