@@ -193,8 +193,14 @@ class PassDraws:
 def reseeding(generator: torch.Generator) -> Callable[[torch.Generator], None]:
     """The draw a ``RandomSampler`` without a generator makes at each pass, for the one it was given instead: a seed
     from ``source`` (torch's global generator in a fresh pass)."""
+    return _Reseeding(generator)
 
-    def draw(source: torch.Generator) -> None:
-        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_(generator=source).item()))
 
-    return draw
+class _Reseeding:
+    """:func:`reseeding`'s draw (a class, so a prepared loader holding it pickles)."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def __call__(self, source: torch.Generator) -> None:
+        self.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_(generator=source).item()))
