@@ -561,6 +561,10 @@ def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_proce
         if global_size is None:
             raise ConfigError("dispatch_batches=True cuts global batches into one slice per process, so the "
                               "DataLoader needs a fixed batch_size (or a batch sampler with one).")
+        if num_processes > 1 and callable(getattr(get_sampler(dataloader), "draw_pass_order", None)):
+            raise ConfigError("dispatch_batches=True with a sampler that agrees its order across processes "
+                              "(group_by_length): only the main process reads, so the others could not take part; "
+                              "leave dispatch_batches unset for map-style data.")
         global_batches = batch_sampler if config.split_batches else GlobalBatches(batch_sampler, num_processes)
         sharded = ShardedBatchSampler(global_batches, 1, 0, even_batches=False)
     else:
