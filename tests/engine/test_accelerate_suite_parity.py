@@ -290,6 +290,37 @@ def test_build_device_mesh_makes_accelerates_mesh_with_its_flattened_views():
         ParallelismConfig().get_device_mesh()
 
 
+def test_build_device_mesh_flattens_with_the_configs_own_name_lists(monkeypatch):
+    """Scripts stand in for torch's mesh to see what is flattened (Accelerate's own test does): each view is taken
+    with the list the config's ``*_dim_names`` property returns, as Accelerate indexes, in the order dp,
+    dp_shard_cp, dp_cp. CPU only, no process group."""
+    from torch.distributed import device_mesh
+
+    from trainkit.parallelism_config import ParallelismConfig
+
+    flattened: list[tuple[object, str]] = []
+
+    class RecordingMesh:
+        def __init__(self, names):
+            self.names = names
+
+        def __getitem__(self, names):
+            outer = self
+
+            class View:
+                def _flatten(self, flat_name):
+                    flattened.append((names, flat_name))
+                    return outer
+            return View()
+
+    monkeypatch.setattr(device_mesh, "init_device_mesh", lambda kind, shape, mesh_dim_names: RecordingMesh(mesh_dim_names))
+    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2)
+    config.build_device_mesh("cpu")
+    assert flattened == [(config.dp_dim_names, "dp"), (config.dp_shard_cp_dim_names, "dp_shard_cp"),
+                         (config.dp_cp_dim_names, "dp_cp")]
+    assert all(type(names) is type(config.dp_dim_names) for names, _ in flattened)
+
+
 def test_recurrent_layers_refused_under_sequence_parallelism_at_accelerates_path():
     """Accelerate's private big_modeling check is trainkit's layer-type check (the one sp/cp preparation runs):
     linear (recurrent) attention refused by its name, full attention and configs without layer types pass."""
