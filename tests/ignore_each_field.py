@@ -17,7 +17,7 @@ from tests.engine import test_accelerator_keyword_effects as keywords
 from tests.proofs import case, run_proof
 from tests.trainer import test_field_effects as fields
 from trainkit.config.ignored_field import ENV_VAR
-from trainkit.trainer import argument_checks
+from trainkit.trainer.training_arguments import checks as argument_checks
 
 OUTCOMES: dict[str, str] = {}
 

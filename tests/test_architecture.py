@@ -122,6 +122,77 @@ def test_cli_never_imports_trainer() -> None:
     assert _violations("cli", ("trainkit.trainer",)) == []
 
 
+ENGINE_FACE = "trainkit.engine"
+"""The engine's one face (``trainkit/engine/__init__.py``): the only engine module ``trainer/`` and ``cli/`` import."""
+FACE_CLIENT_LAYERS = ("trainer", "cli")
+FACE_CLIENTS_MAY_ALSO_IMPORT = ("trainkit.config", "trainkit.version")
+"""Besides the face and their own layer: plain data (``config``) and the version numbers (a leaf module)."""
+
+
+def _face_names() -> set[str]:
+    """The names the face offers: its ``_EXPORTS`` table and its own functions (read from the source)."""
+    names: set[str] = set()
+    tree = ast.parse((PACKAGE_ROOT / "engine" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0] if isinstance(node, ast.Assign) else None
+        if isinstance(target, ast.Name) and target.id == "_EXPORTS" and isinstance(node.value, ast.Dict):
+            names.update(key.value for key in node.value.keys if isinstance(key, ast.Constant))
+        elif isinstance(target, ast.Name) and target.id == "FACE_FUNCTIONS" and isinstance(node.value, ast.Tuple):
+            names.update(element.value for element in node.value.elts if isinstance(element, ast.Constant))
+    return names
+
+
+def _face_violations(module: str, source: str, is_package: bool = False) -> list[str]:
+    """What ``module`` (in trainer/ or cli/) imports from trainkit other than the engine's face, config, the
+    version and its own layer, and any name it takes from the face that the face does not offer."""
+    layer = module.split(".")[1]
+    offered, found = _face_names(), []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imports = [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - (node.level - 1)]
+                base = ".".join(package + ([base] if base else []))
+            imports = [(base, [alias.name for alias in node.names])]
+        else:
+            continue
+        for target, names in imports:
+            if target != "trainkit" and not target.startswith("trainkit."):
+                continue
+            where = f"{module}:{node.lineno}"
+            if target == ENGINE_FACE:
+                found += [f"{where} imports {name} from trainkit.engine, which the face does not offer (add it to "
+                          "trainkit/engine/__init__.py as a capability, not an internal)" for name in names
+                          if name not in offered]
+            elif not _in_layer(target, layer) and not any(_in_layer(target, allowed.split(".", 1)[1])
+                                                           for allowed in FACE_CLIENTS_MAY_ALSO_IMPORT):
+                found.append(f"{where} imports {target}: trainer/ and cli/ use the engine only through its face; "
+                             f"import from trainkit.engine (see its docstring) instead")
+    return found
+
+
+def test_trainer_and_cli_use_the_engine_only_through_its_face() -> None:
+    found = []
+    for module, (path, is_package) in MODULES.items():
+        if any(_in_layer(module, layer) for layer in FACE_CLIENT_LAYERS):
+            found += _face_violations(module, path.read_text(encoding="utf-8"), is_package)
+    assert found == [], "\n".join(found)
+
+
+def test_the_face_rule_sees_an_engine_internal_and_an_unoffered_name() -> None:
+    source = ("from trainkit.engine.process.state import ProcessState\n"
+              "def f():\n    from trainkit.engine import no_such_capability\n    import trainkit.utils.random\n"
+              "from trainkit.engine import Accelerator\nfrom trainkit.config import ConfigError\nfrom .data import x\n")
+    found = _face_violations("trainkit.trainer.example", source)
+    assert [line.split(" ", 2)[:2] for line in found] == [
+        ["trainkit.trainer.example:1", "imports"], ["trainkit.trainer.example:3", "imports"],
+        ["trainkit.trainer.example:4", "imports"]], found
+    assert "trainkit.engine.process.state" in found[0] and "no_such_capability" in found[1]
+
+
 def _cycles(imports: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected groups of more than one module in the graph ``imports`` (Tarjan's algorithm)."""
     edges = {module: {t for name in names if (t := _internal_target(name)) and t != module}

@@ -15,7 +15,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "trainkit"
 ENGINE = PACKAGE_ROOT / "engine"
 
 ENGINE_FOLDERS = {
-    "api": "the Accelerate API pieces the facade is made of (identity, trackers, prepared objects, options)",
+    "accelerator_parts": "the Accelerate API pieces the facade is made of (identity, trackers, prepared objects, options)",
     "process": "process state, devices, collectives, control, launchers, preemption",
     "precision": "mixed precision: the Precision contract, its implementations, the mode registry",
     "strategies": "parallelism strategies, their contract and registry; fsdp/ holds everything FSDP",
@@ -23,6 +23,7 @@ ENGINE_FOLDERS = {
     "data": "dataloaders: sharding, resumable positions, streams",
     "checkpoint": "save_state/load_state: atomic folders, storage, model and optimizer state, RNG",
     "tracking": "experiment trackers: the GeneralTracker contract, one file per tracker, the registry",
+    "deepspeed": "DeepSpeed configs on torch: placeholders, the optimizer and schedule a config names, ZeRO-1",
     "parallel": "N-D parallelism: the degrees' device mesh (ParallelDims), tensor-parallel plans, pretrained sharding",
 }
 """Every sub-folder of ``trainkit/engine`` and what it holds (docs/architecture.md has the same map)."""

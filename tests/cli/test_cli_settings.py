@@ -55,9 +55,9 @@ def test_flags_reach_a_trainer_script_whose_arguments_set_none_of_them(tmp_path)
     for report in found.values():
         check_flags_acted(report)
         assert report["gradient_accumulation_steps"] == 4  # the run's (accelerator.config)
-        # The arguments stay what the script wrote and the engine's implicit windows one micro-batch long:
-        # transformers' Trainer never writes a launcher's value into its arguments and gives Accelerate num_steps=1.
-        assert (report["arguments_accumulation"], report["engine_implicit_accumulation"]) == (1, 1)
+        # The arguments stay what the script wrote (transformers' Trainer never writes a launcher's value into
+        # them); the engine holds the run's one number (transformers' own Trainer gives Accelerate num_steps=1).
+        assert (report["arguments_accumulation"], report["engine_accumulation"]) == (1, 4)
         assert report["optimizer_steps"] == 1  # 4 micro-batches per rank in one window (4 steps without the flag)
         assert report["provenance"]["gradient_accumulation_steps"] == "launcher flag --gradient_accumulation_steps"
         assert report["explicit"]["optimizer_steps"] == 2  # TrainingArguments(gradient_accumulation_steps=2) won

@@ -191,7 +191,7 @@ def test_a_trainer_builds_its_fsdp_options_once(tmp_path, monkeypatch, caplog):
     """TrainingArguments(fsdp=..., fsdp_config=...) and the Trainer's engine config: one FSDPOptions (before: 5
     with the strategy's default plugin)."""
     from trainkit import TrainingArguments
-    from trainkit.trainer.engine_settings import resolve_for_trainer
+    from trainkit.trainer.training_arguments.engine_settings import resolve_for_trainer
 
     monkeypatch.delenv(LAUNCH_CONFIG_ENV, raising=False)
     built = _count_builds(monkeypatch)

@@ -48,7 +48,7 @@ def p_mixed_precision(tmp_path):
 
 
 def p_engine_config(tmp_path):
-    from trainkit.engine.api.configuration import resolve_for_accelerator
+    from trainkit.engine.accelerator_parts.configuration import resolve_for_accelerator
 
     assert layer_dtype(Accelerator(engine_config=resolve_for_accelerator(cpu=True, mixed_precision="bf16"))) == torch.bfloat16
 

@@ -17,8 +17,8 @@ import transformers
 
 from trainkit import TrainingArguments
 from trainkit.config.errors import ConfigError
-from trainkit.trainer import argument_fields
-from trainkit.trainer.argument_fields import NEWEST_KNOWN_TRANSFORMERS, field_drift, model_checkpointing_options
+from trainkit.trainer.training_arguments import fields as argument_fields
+from trainkit.trainer.training_arguments.fields import NEWEST_KNOWN_TRANSFORMERS, field_drift, model_checkpointing_options
 
 HF_FIELDS = {f.name: f for f in dataclasses.fields(transformers.TrainingArguments)}
 OUR_FIELDS = {f.name: f for f in dataclasses.fields(TrainingArguments)}
@@ -251,7 +251,7 @@ def test_transformers_5_1_fields_map_onto_their_later_spelling_with_a_notice(tmp
     """CPU, no run: a script written against transformers 5.1 keeps warmup_ratio, group_by_length and logging_dir."""
     from transformers import HfArgumentParser
 
-    from trainkit.trainer import argument_checks
+    from trainkit.trainer.training_arguments import checks as argument_checks
 
     argument_checks._WARNED.clear()
     older = dict(warmup_ratio=0.25, group_by_length=True, logging_dir="~/tb")
@@ -326,7 +326,7 @@ def test_process_attributes_scripts_read(tmp_path):
 
 
 def test_engine_options_from_ddp_fields_and_accelerator_config():
-    from trainkit.trainer.wiring import engine_options
+    from trainkit.trainer.training_arguments.engine_settings import engine_options
     from trainkit.utils.dataclasses import DistributedDataParallelKwargs, InitProcessGroupKwargs
 
     args = TrainingArguments(ddp_find_unused_parameters=True, ddp_timeout=90, data_seed=3,

@@ -215,8 +215,8 @@ def _checkpointing_is_on(model) -> bool:
 def test_activation_checkpointing_calls_only_what_the_installed_transformers_has(tmp_path):
     """CPU: per-layer options reach the model's method where it takes them; the gradients are those without
     checkpointing (recomputation changes memory, not results)."""
-    from trainkit.trainer.argument_fields import model_checkpointing_options
-    from trainkit.trainer.wiring import prepare_model_features
+    from trainkit.trainer.training_arguments.fields import model_checkpointing_options
+    from trainkit.trainer.model_features import prepare_model_features
 
     options = {"every_n_layers": 2} if "every_n_layers" in model_checkpointing_options() else {}
     inputs = CausalTokens()[0]
@@ -242,8 +242,8 @@ class OlderCheckpointingModel(EchoModel):
 def test_activation_checkpointing_falls_back_to_the_method_a_custom_model_has(tmp_path):
     """CPU: a model with only gradient_checkpointing_enable() gets the torch.utils.checkpoint keywords; options its
     method does not take are refused by name instead of reaching torch.utils.checkpoint."""
-    from trainkit.trainer.argument_fields import model_checkpointing_options
-    from trainkit.trainer.wiring import prepare_model_features
+    from trainkit.trainer.training_arguments.fields import model_checkpointing_options
+    from trainkit.trainer.model_features import prepare_model_features
 
     model = OlderCheckpointingModel()
     args = _args(tmp_path, activation_checkpointing=True, activation_checkpointing_kwargs={"use_reentrant": False})

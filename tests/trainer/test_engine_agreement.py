@@ -19,13 +19,13 @@ from tests.trainer.checkpoint_workload import final_weights, make_trainer
 from trainkit import Accelerator, TrainingArguments
 from trainkit.engine.process.devices import DEVICE_TYPES
 from trainkit.engine.precision.registry import PRECISION_DEVICES, PRECISIONS
-from trainkit.engine.tracking import OPTIONAL_TRACKERS as _OPTIONAL, TRACKER_NAMES
+from trainkit.engine.tracking import OPTIONAL_TRACKERS as _OPTIONAL, tracker_names
 
 pytestmark = pytest.mark.timeout(240)
-INSTALLED = [name for name in TRACKER_NAMES if name == "jsonl" or _OPTIONAL[name][1]()]
+INSTALLED = [name for name in tracker_names() if name == "jsonl" or _OPTIONAL[name][1]()]
 
 
-@pytest.mark.parametrize("name", TRACKER_NAMES)
+@pytest.mark.parametrize("name", tracker_names())
 def test_report_to_accepts_every_tracker_the_engine_has(tmp_path, name):
     args = TrainingArguments(str(tmp_path), report_to=name)
     assert args.report_to == [name]

@@ -6,7 +6,7 @@ from tests.trainer.helpers import EchoModel, IndexDataset
 from trainkit import Trainer, TrainingArguments
 from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handoff
 from trainkit.config.engine import resolve_engine_config
-from trainkit.trainer.engine_settings import training_arguments_settings
+from trainkit.trainer.training_arguments.engine_settings import training_arguments_settings
 
 
 def arguments(tmp_path, **kwargs) -> TrainingArguments:
@@ -42,8 +42,10 @@ def test_the_launchers_accumulation_reaches_the_run_not_the_arguments(tmp_path, 
 
     The arguments stay what the script wrote: transformers never writes a launcher's value into them (its
     Trainer ignores Accelerate's accumulation variable and hands Accelerate num_steps=1). The run accumulates
-    4 micro-batches per optimizer step, read from ``accelerator.config`` with where the value came from,
-    while the engine's implicit windows stay one micro-batch long, as in transformers.
+    4 micro-batches per optimizer step: one number, the engine's (``accelerator.gradient_accumulation_steps`` and
+    ``accelerator.config``, with where the value came from); the Trainer opens each window itself.
+    (transformers' own Trainer hands Accelerate num_steps=1, so there its ``accelerator.gradient_accumulation_steps``
+    reads 1 while the run accumulates 4.)
     """
     launch = LaunchConfig.resolve([({"gradient_accumulation_steps": 4}, "flag")])
     monkeypatch.setenv(LAUNCH_CONFIG_ENV, str(write_launch_handoff(launch, tmp_path / "launch.json")))
@@ -55,7 +57,7 @@ def test_the_launchers_accumulation_reaches_the_run_not_the_arguments(tmp_path, 
         config = trainer.accelerator.config
         assert config.gradient_accumulation_steps == 4
         assert config.source_of("gradient_accumulation_steps") == "launcher flag --gradient_accumulation_steps"
-        assert trainer.accelerator.gradient_accumulation_steps == 1
+        assert trainer.accelerator.gradient_accumulation_steps == 4
         assert trainer.train().global_step == 2  # 16 samples in batches of 2: 8 micro-batches, windows of 4
 
 

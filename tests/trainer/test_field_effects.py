@@ -21,7 +21,7 @@ from tests.proofs import OnGPU, Refuses, Warns, case, run_proof
 from tests.trainer.checkpoint_workload import RegressionData
 from tests.trainer.field_proofs import data_checkpoints as data, outputs, processes, training
 from trainkit import TrainingArguments
-from trainkit.trainer import argument_checks
+from trainkit.trainer.training_arguments import checks as argument_checks
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -17,7 +17,7 @@ import torch
 
 import trainkit
 from tests.trainer.oracle_workload import timeless, train
-from trainkit.trainer.argument_fields import installed_transformers_release as transformers_release
+from trainkit.trainer.training_arguments.fields import installed_transformers_release as transformers_release
 
 import transformers
 

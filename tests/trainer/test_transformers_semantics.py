@@ -220,7 +220,7 @@ def test_accelerator_config_forms(tmp_path):
 
 
 def test_gradient_accumulation_kwargs_as_transformers_reads_them(tmp_path, caplog):
-    from trainkit.trainer.wiring import engine_options
+    from trainkit.trainer.training_arguments.engine_settings import engine_options
 
     args = TrainingArguments(accelerator_config={"gradient_accumulation_kwargs": {"num_steps": 3}})
     assert args.gradient_accumulation_steps == 3

@@ -84,7 +84,7 @@ ALLOWED: dict[str, Allowed] = {
                                                             "Trackio callback's Space); trainkit drives no "
                                                             "Trackio tracker", "<=5.1"),
     "TrainingArguments.__init__(warmup_ratio)": Allowed("transformers 5.1's field, mapped onto warmup_steps with "
-                                                        "a notice (trainer/older_fields.py)", ">5.1"),
+                                                        "a notice (trainer/training_arguments/older_fields.py)", ">5.1"),
     "TrainingArguments.__init__(group_by_length)": Allowed("transformers 5.1's field, mapped onto "
                                                            "train_sampling_strategy (older_fields.py)", ">5.1"),
     "TrainingArguments.__init__(logging_dir)": Allowed("transformers 5.1's field, the TensorBoard folder "

@@ -92,7 +92,7 @@ def _check_gpus(config: LaunchConfig, torch: Any) -> None:
     """Before any worker starts: every process of this machine needs a GPU of its own (unless on CPU)."""
     if config.use_cpu or not torch.cuda.is_available():
         return
-    from trainkit.engine.process.devices import check_processes_fit_gpus
+    from trainkit.engine import check_processes_fit_gpus
 
     visible = torch.cuda.device_count()
     if config.gpu_ids not in (None, "all"):

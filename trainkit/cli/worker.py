@@ -115,7 +115,7 @@ def _prepare_model_loading() -> None:
 
     fsdp = resolve_engine_config().fsdp
     if fsdp is not None and fsdp.cpu_ram_efficient_loading:
-        from trainkit.engine.strategies.fsdp.pretrained_loading import load_on_rank0_only
+        from trainkit.engine import load_on_rank0_only
 
         load_on_rank0_only()
 

@@ -15,7 +15,7 @@ flag or a config file, not by its own defaults), ``notices`` holds one line sayi
 
 Adding a source: write a function ``LaunchConfig -> dict[str, Setting]`` and add it to
 ``LAUNCHER_MAPPINGS`` (a launcher section such as ``deepspeed_config``), or project the new plugin into
-the explicit settings where the engine builds them (``trainkit.engine.api.configuration``). Adding a key: a
+the explicit settings where the engine builds them (``trainkit.engine.accelerator_parts.configuration``). Adding a key: a
 field below declared with an :class:`~trainkit.config.options.Option` (its parser comes with it); a key the
 launcher also takes shares the launch config's ``Option`` (``config/engine_options.py``) and is handed over by
 that alone.

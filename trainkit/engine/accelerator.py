@@ -26,14 +26,14 @@ from trainkit.config.engine import EngineConfig
 from trainkit.config.ignored_field import honour_ignored_keyword
 from trainkit.engine.process import collectives
 from trainkit.engine.step.accumulation import GradientState, sum_across_processes
-from trainkit.engine.api.options import announce_dataloader_options, resolve_compat_options
-from trainkit.engine.api.attributes import AccelerateAttributes, refuse_parallelism
+from trainkit.engine.accelerator_parts.options import announce_dataloader_options, resolve_compat_options
+from trainkit.engine.accelerator_parts.attributes import AccelerateAttributes, refuse_parallelism
 from trainkit.engine.step.compile import compile_model
 from trainkit.engine.step.unwrapping import extract_model
-from trainkit.engine.api.configuration import announce, resolve_for_accelerator
+from trainkit.engine.accelerator_parts.configuration import announce, resolve_for_accelerator
 from trainkit.engine.parallel.pretrained import check_run_matches, sharded_by_transformers
 from trainkit.engine.parallel.selection import parallel_dims_for
-from trainkit.engine.strategies.deepspeed import (
+from trainkit.engine.deepspeed.from_config import (
     DummyOptim,
     DummyScheduler,
     check_micro_batch,
@@ -43,17 +43,17 @@ from trainkit.engine.strategies.deepspeed import (
     shard_optimizer_state,
 )
 from trainkit.engine.data import PreparedDataLoader, prepare_data_loader
-from trainkit.engine.api.identity import ProcessIdentity
+from trainkit.engine.accelerator_parts.identity import ProcessIdentity
 from trainkit.engine.precision.base import Precision
-from trainkit.engine.api.prepared import PreparedObjects
+from trainkit.engine.accelerator_parts.prepared import PreparedObjects
 from trainkit.engine.data.sampling import shared_data_seed
 from trainkit.engine.process.control import only_when
 from trainkit.engine.process.splitting import split_between
 from trainkit.engine.process.state import ProcessState, require_accelerator_state
 from trainkit.engine.process.state_views import AcceleratorState
 from trainkit.engine.strategies import Strategy, StrategyRequest, select_strategy
-from trainkit.engine.api.trackers import TrackerAPI
-from trainkit.engine.api.checkpoints import CheckpointAPI
+from trainkit.engine.accelerator_parts.trackers import TrackerAPI
+from trainkit.engine.accelerator_parts.checkpoints import CheckpointAPI
 from trainkit.engine.tracking import GeneralTracker, check_logging_directory, resolve_log_with
 from trainkit.engine.step.wrappers import PreparedOptimizer, PreparedScheduler
 from trainkit.utils.dataclasses import (
@@ -573,7 +573,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
-        self.gradient_state = GradientState(self.gradient_state.num_steps)
+        self.gradient_state = GradientState(self.gradient_state.num_steps,
+                                            caller_opens_windows=self.gradient_state.caller_opens_windows)
         return release_memory(*objects)
 
     clear = free_memory
@@ -589,7 +590,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
 
     def profile(self, profile_handler: Any = None) -> contextlib.AbstractContextManager:
         """torch's profiler configured by ``profile_handler`` (or the ``ProfileKwargs`` handler)."""
-        from trainkit.engine.api.profiling import profile
+        from trainkit.engine.accelerator_parts.profiling import profile
 
         return profile(profile_handler or self._compat.profile_kwargs, self.device, self.process_index)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 _LAZY = {
     "Trainer": "trainkit.trainer.trainer",
     "TrainOutput": "trainkit.trainer.trainer",
-    "TrainingArguments": "trainkit.trainer.arguments",
+    "TrainingArguments": "trainkit.trainer.training_arguments.arguments",
     "Seq2SeqTrainer": "trainkit.trainer.seq2seq.trainer",
     "Seq2SeqTrainingArguments": "trainkit.trainer.seq2seq.arguments",
     "TrainerCallback": "trainkit.trainer.callbacks",
@@ -41,7 +41,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .arguments import TrainingArguments
+    from .training_arguments.arguments import TrainingArguments
     from .callbacks import (
         CallbackHandler,
         DefaultFlowCallback,

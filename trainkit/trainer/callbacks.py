@@ -16,9 +16,9 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
-    from .arguments import TrainingArguments
+    from .training_arguments.arguments import TrainingArguments
 
 logger = logging.getLogger(__name__)
 

@@ -9,12 +9,15 @@ the missing piece itself (overriding ``get_eval_dataloader``, ``evaluate`` ...) 
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainkit.config.errors import ConfigError
 
+if TYPE_CHECKING:
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
-def check_trainer_inputs(trainer_cls: type, args: Any, *, train_dataset: Any, eval_dataset: Any,
+
+def check_trainer_inputs(trainer_cls: type, args: TrainingArguments, *, train_dataset: Any, eval_dataset: Any,
                          compute_metrics: Any, data_collator: Any) -> None:
     """Raise for datasets or functions given to ``trainer_cls(...)`` that cannot serve the arguments' strategies
     (called first in ``Trainer.__init__``, before any model is built)."""
@@ -33,7 +36,7 @@ def _overrides(trainer_cls: type, *names: str) -> bool:
     return any(getattr(trainer_cls, name) is not getattr(base, name) for name in names)
 
 
-def _check_evaluation_inputs(trainer_cls: type, args: Any, eval_dataset: Any, compute_metrics: Any) -> None:
+def _check_evaluation_inputs(trainer_cls: type, args: TrainingArguments, eval_dataset: Any, compute_metrics: Any) -> None:
     evaluates = args.eval_strategy != "no" or args.eval_on_start
     if evaluates and eval_dataset is None and not _overrides(trainer_cls, "get_eval_dataloader", "evaluate"):
         reason = f"eval_strategy={args.eval_strategy!r}" if args.eval_strategy != "no" else "eval_on_start=True"
@@ -57,7 +60,7 @@ def _check_evaluation_inputs(trainer_cls: type, args: Any, eval_dataset: Any, co
                               "every batch; this compute_metrics takes no compute_result argument.")
 
 
-def _check_training_inputs(args: Any, dataset: Any) -> None:
+def _check_training_inputs(args: TrainingArguments, dataset: Any) -> None:
     if dataset is None or args.max_steps > 0:
         return
     try:

@@ -20,16 +20,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainkit.engine.process.nested import map_tensors
+from trainkit.engine import map_tensors
 
 from . import loss_items
 from .data import call_model, split_loss
 from .plan import length_or_none
 
 if TYPE_CHECKING:
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
-    from .arguments import TrainingArguments
+    from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler, TrainerControl, TrainerState
 
 # a Trainer mixin's messages are the Trainer's: one logger for them all, as transformers' come from transformers.trainer
@@ -273,7 +273,7 @@ def _plain_number(value):
     return value
 
 
-def speed_metrics(prefix: str, start_time: float, num_samples: int | None = None, num_steps: int | None = None,
+def speed_metrics(prefix: str, start_time: float, num_samples: float | None = None, num_steps: int | None = None,
                   num_tokens: float | None = None) -> dict[str, float]:
     """``{prefix}_runtime``, ``_samples_per_second``, ``_steps_per_second`` and ``_tokens_per_second`` since
     ``start_time`` (a ``time.time()``, as transformers' ``Trainer.log(logs, start_time)`` takes it)."""

@@ -79,7 +79,7 @@ class _CardView:
 
     def __init__(self, trainer) -> None:
         self._trainer = trainer
-        self.args = _EnumArgs(trainer.args, trainer.accelerator.config.gradient_accumulation_steps)
+        self.args = _EnumArgs(trainer.args, trainer.accelerator.gradient_accumulation_steps)
 
     def __getattr__(self, name: str):
         return getattr(self._trainer, name)

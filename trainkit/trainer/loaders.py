@@ -23,9 +23,9 @@ from .data import LABEL_COLUMN_ALIASES, UnusedColumnsDropper
 if TYPE_CHECKING:
     from torch import nn
 
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
-    from .arguments import TrainingArguments
+    from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler
     from .data import ItemCounter
 

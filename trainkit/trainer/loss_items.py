@@ -18,13 +18,17 @@ mean as already scaled: multiplied by the accumulation steps and the processes (
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from .argument_fields import installed_transformers_release
+from .training_arguments.fields import installed_transformers_release
+
+if TYPE_CHECKING:
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
 SHIFTED_CAUSAL_COUNT_SINCE = (5, 10)
 """The first transformers release whose count leaves out each causal-LM row's first label."""
@@ -109,7 +113,7 @@ def num_items_in_batch(trainer: Any, batch_samples: Sequence[Any], device: torch
     return count.to(device) if device is not None else count
 
 
-def loss_is_window_share(trainer: Any, count: torch.Tensor | None) -> bool:
+def loss_is_window_share(trainer: Any, count: torch.Tensor | int | None) -> bool:
     """Whether the window's losses come divided by ``count`` (the Trainer then leaves them as they are): the
     Trainer's ``loss_is_scaled_for_ga`` when set, else with a ``compute_loss_func``, a label smoother that takes the
     count, or a model whose loss uses it (:func:`loss_uses_num_items`)."""
@@ -157,7 +161,7 @@ def set_policy(trainer: Any, model: nn.Module) -> None:
     trainer.current_gradient_accumulation_steps = 1  # transformers' attribute: micro-batches in the current window
 
 
-def open_window(trainer: Any, window: Sequence[Any], count: torch.Tensor | None) -> bool:
+def open_window(trainer: Any, window: Sequence[Any], count: torch.Tensor | int | None) -> bool:
     """Open the engine's accumulation window over ``window`` with its items on all processes; return whether its
     losses come as shares of ``count`` (:func:`loss_is_window_share`) rather than means to weight."""
     accelerator, average = trainer.accelerator, trainer.args.average_tokens_across_devices
@@ -186,3 +190,38 @@ def window_share(trainer: Any, loss: torch.Tensor, inputs: Any, count: torch.Ten
     if window_items is None:
         return loss / trainer.current_gradient_accumulation_steps
     return loss * (trainer._count_items(inputs) / window_items)
+
+
+def label_smoother(args: TrainingArguments, model: nn.Module) -> Any:
+    """``Trainer.label_smoother``: transformers' LabelSmoother for ``label_smoothing_factor``, else None. A model
+    configured for multi-label classification (independent sigmoid targets) gets none, with a warning, as in
+    transformers: smoothing a softmax over classes does not apply to it."""
+    if not args.label_smoothing_factor:
+        return None
+    if getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification":
+        warnings.warn(f"label_smoothing_factor={args.label_smoothing_factor} is not applied: Label smoothing is not "
+                      "compatible with multi-label classification (config.problem_type).", UserWarning, stacklevel=3)
+        return None
+    from transformers.trainer_pt_utils import LabelSmoother
+
+    return LabelSmoother(epsilon=args.label_smoothing_factor)
+
+
+def label_smoothed_loss(trainer: Any, model: nn.Module, inputs: Mapping[str, Any], num_items_in_batch: Any = None,
+                        model_kwargs: Mapping[str, Any] | None = None) -> tuple[torch.Tensor, Any]:
+    """(loss, outputs) with ``trainer.label_smoother``: labels are withheld from the model, and shifted by one
+    for causal language models, as transformers does; the smoother divides by ``num_items_in_batch`` where the
+    installed release's takes it (5.17 and later)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from .data import call_model
+
+    label_name = trainer.label_names[0]
+    labels = inputs[label_name]
+    outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **(model_kwargs or {}))
+    unwrapped = trainer.accelerator.unwrap_model(model)
+    causal = unwrapped._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values() if hasattr(unwrapped, "_get_name") else False
+    smoother = trainer.label_smoother
+    if num_items_in_batch is not None and "num_items_in_batch" in inspect.signature(smoother.__call__).parameters:
+        return smoother(outputs, labels, shift_labels=causal, num_items_in_batch=num_items_in_batch), outputs
+    return smoother(outputs, labels, shift_labels=causal), outputs

@@ -188,7 +188,7 @@ def instantiate_optimizer(optimizer_cls: Any, kwargs: dict[str, Any], groups: li
 def create_optimizer(trainer: Any, model: nn.Module) -> torch.optim.Optimizer:
     """``Trainer.create_optimizer``'s body: ``optimizer_cls_and_kwargs`` > a DeepSpeed config's optimizer >
     ``trainer.get_optimizer_cls_and_kwargs(args, model)``, over transformers' decay groups of ``model``."""
-    from .deepspeed import optimizer_from_config
+    from .training_arguments.deepspeed import optimizer_from_config
 
     args = trainer.args
     groups = parameter_groups(model, trainer.get_decay_parameter_names(model), args.weight_decay)
@@ -286,3 +286,16 @@ class _LayerWiseAsScheduled(torch.optim.Optimizer):
 
     def step(self, closure: Any = None) -> None:  # type: ignore[override]  # the wrapped optimizer's step, called through
         """Nothing: the layers step in their gradient hooks."""
+
+
+def replan_schedule(trainer: Any, max_steps: int) -> None:
+    """Re-span a schedule the Trainer built when a new run plans a different number of steps (the object stays
+    the one registered for checkpointing; its state is replaced by a fresh schedule's)."""
+    if not getattr(trainer, "_scheduler_built", False) or getattr(trainer, "_scheduled_steps", None) == max_steps:
+        return
+    optimizer = trainer.lr_scheduler.optimizer
+    for group in optimizer.param_groups:
+        group["lr"] = group.get("initial_lr", group["lr"])
+    fresh = build_scheduler(optimizer, trainer.args, max_steps)
+    trainer.lr_scheduler.__dict__.update(fresh.__dict__)
+    trainer._scheduled_steps = max_steps

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
 # a Trainer mixin's messages are the Trainer's: one logger for them all, as transformers' come from transformers.trainer
 logger = logging.getLogger("trainkit.trainer.trainer")
@@ -94,9 +95,9 @@ class PlanMethods:
     @property
     def _accumulation_steps(self) -> int:
         """Micro-batches per optimizer step, as the engine resolved it (the arguments > the launcher > 1)."""
-        return self.accelerator.config.gradient_accumulation_steps
+        return self.accelerator.gradient_accumulation_steps
 
-    def set_initial_training_values(self, args: Any, dataloader: Any) -> TrainingValues:
+    def set_initial_training_values(self, args: TrainingArguments, dataloader: Any) -> TrainingValues:
         """The run's length from ``max_steps`` or ``num_train_epochs`` and the dataloader: (epochs, optimizer steps
         per epoch, examples, samples trained on, global batch, micro-batches per epoch, total optimizer steps)."""
         plan = training_plan(dataloader, self._accumulation_steps, args.max_steps, args.num_train_epochs)
@@ -111,7 +112,7 @@ class PlanMethods:
         return TrainingValues(plan.num_epochs, plan.steps_per_epoch or 1, examples, samples, total_batch, batches,
                               plan.max_steps)
 
-    def get_total_train_batch_size(self, args: Any) -> int:
+    def get_total_train_batch_size(self, args: TrainingArguments) -> int:
         """Samples per optimizer step over all processes: micro-batch x accumulation x data-parallel processes."""
         data_parallel = self.accelerator.num_processes // self.get_tp_size() // self.get_cp_size() // self.get_sp_size()
         return self._train_batch_size * self._accumulation_steps * data_parallel

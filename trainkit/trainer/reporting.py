@@ -21,9 +21,9 @@ from .meter import current_learning_rate, log_metrics_block, write_metrics_file
 if TYPE_CHECKING:
     from torch import nn
 
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
-    from .arguments import TrainingArguments
+    from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler, TrainerControl, TrainerState
     from .meter import TrainingMeter
 
@@ -122,3 +122,14 @@ class ReportingMethods:
         """Write ``{split}_results.json`` (and merge into ``all_results.json`` if ``combined``) in output_dir."""
         if self.is_world_process_zero():
             write_metrics_file(str(self.args.output_dir), split, metrics, combined=combined)
+
+
+def apply_log_level(args: TrainingArguments) -> None:
+    """log_level (log_level_replica on the processes that do not log, per log_on_each_node) sets trainkit's
+    loggers and, as in transformers, transformers' verbosity; "passive" leaves both as they are."""
+    level = args.log_level if args.should_log else args.log_level_replica
+    if level != "passive":
+        logging.getLogger("trainkit").setLevel(getattr(logging, level.upper()))
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.set_verbosity(getattr(logging, level.upper()))

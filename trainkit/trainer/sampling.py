@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import loss_items
+
+if TYPE_CHECKING:
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
 
 class LengthGroupedPassSampler(torch.utils.data.Sampler):
@@ -31,7 +34,7 @@ class LengthGroupedPassSampler(torch.utils.data.Sampler):
         """Draw the next pass's order from ``generator`` (every process draws; the main process's order is kept)."""
         from transformers.trainer_pt_utils import get_length_grouped_indices
 
-        from trainkit.utils import broadcast_object_list
+        from trainkit.engine import broadcast_object_list
 
         if self.seed is not None:
             generator = torch.Generator().manual_seed(self.seed)
@@ -74,7 +77,7 @@ def train_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None
         return torch.utils.data.RandomSampler(dataset)
     lengths, model_input_name = _lengths_and_input_name(trainer, dataset)
     # Megabatches of a whole optimizer step's batches, as transformers groups them.
-    megabatch = args.per_device_train_batch_size * trainer.accelerator.config.gradient_accumulation_steps
+    megabatch = args.per_device_train_batch_size * trainer.accelerator.gradient_accumulation_steps
     return LengthGroupedPassSampler(megabatch, dataset, lengths, model_input_name)
 
 
@@ -86,7 +89,7 @@ def eval_sampler(trainer: Any, dataset: Any) -> torch.utils.data.Sampler | None:
     """The evaluation order: transformers' length-grouped one under ``group_by_length`` (from a generator seeded
     with ``data_seed``, else ``seed``; before transformers 5.16 drawn from the global RNG at each evaluation), else
     sequential; None for a dataset without a length."""
-    from .argument_fields import installed_transformers_release
+    from .training_arguments.fields import installed_transformers_release
 
     args = trainer.args
     if dataset is None or not hasattr(dataset, "__len__") or isinstance(dataset, torch.utils.data.IterableDataset):
@@ -104,7 +107,7 @@ class SamplingHooks:
     """transformers' Trainer hooks that decide what the training loop reads, for a subclass to override: the
     training and evaluation orders, and each optimizer step's window of batches with its loss-item count."""
 
-    args: Any
+    args: TrainingArguments
     train_dataset: Any
 
     def _get_train_sampler(self, train_dataset: Any = None) -> torch.utils.data.Sampler | None:
@@ -125,3 +128,15 @@ class SamplingHooks:
     def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device | None) -> torch.Tensor | None:
         """The labels that are not -100 in ``batch_samples`` on all processes, where transformers counts them."""
         return loss_items.num_items_in_batch(self, batch_samples, device)
+
+
+def seed_run(args: TrainingArguments) -> None:
+    """set_seed, or with full_determinism transformers' enable_full_determinism (deterministic kernels too)."""
+    if args.full_determinism:
+        from transformers.trainer_utils import enable_full_determinism
+
+        enable_full_determinism(args.seed)
+    else:
+        from trainkit.engine import set_seed
+
+        set_seed(args.seed)

@@ -18,7 +18,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.parallel.pretrained import sharded_by_transformers
+from trainkit.engine import sharded_by_transformers
 
 from .checkpointing import files as checkpoints
 from .callbacks import TrainerControl, is_exportable
@@ -26,9 +26,9 @@ from .callbacks import TrainerControl, is_exportable
 if TYPE_CHECKING:
     from torch import nn
 
-    from trainkit.engine.accelerator import Accelerator
+    from trainkit.engine import Accelerator
 
-    from .arguments import TrainingArguments
+    from .training_arguments.arguments import TrainingArguments
     from .callbacks import CallbackHandler, TrainerState
     from .checkpointing.manager import CheckpointManager
     from .hub import HubUploader
@@ -126,7 +126,7 @@ class SavingMethods:
         elif is_pretrained(model):
             model.save_pretrained(output_dir, state_dict=state_dict, is_main_process=True)
         else:
-            from trainkit.engine.checkpoint.serialization import save_safetensors
+            from trainkit.engine import save_safetensors
 
             save_safetensors(state_dict if state_dict is not None else model.state_dict(), output_dir, MAX_SHARD_SIZE)
             checkpoints.save_model_config(model, output_dir)
@@ -196,7 +196,7 @@ class SavingMethods:
         transformers' ExportableState) and the control."""
         return [obj for obj in self.callback_handler.callbacks + [self.control] if is_exportable(obj)]
 
-    def compare_trainer_and_checkpoint_args(self, training_args: Any, trainer_state: Any) -> None:
+    def compare_trainer_and_checkpoint_args(self, training_args: TrainingArguments, trainer_state: Any) -> None:
         """Warn about the step intervals and batch size that differ between ``training_args`` and a resumed
         ``trainer_state`` (this run's values are used)."""
         for name in ("logging_steps", "eval_steps", "save_steps", "train_batch_size"):

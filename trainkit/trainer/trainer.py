@@ -31,27 +31,30 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import nn
 
-from trainkit.utils.enums import DistributedType
+from trainkit.engine import DistributedType, caller_opens_accumulation_windows
 
-from . import hyperparameter_search as hp_search, loss_items, optim, wiring
-from .arguments import TrainingArguments
+from . import hyperparameter_search as hp_search, loss_items, optim
 from .callbacks import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrackerCallback,
-                        TrainerControl, TrainerState, add_to_next_tracker_log)
+                        TrainerControl, TrainerState, add_to_next_tracker_log, exported_states)
 from .checkpointing import files as checkpoints, preemption, resume
 from .checkpointing.manager import CheckpointManager
 from .construction_checks import check_trainer_inputs
 from .data import ItemCounter, call_model, default_collator, default_label_names, loss_from_outputs
-from .deepspeed import scheduler_from_config
 from .evaluation import EvaluationMethods, speed_metrics
 from .hooks import announce_overridden_hooks
 from .loaders import DataLoaderMethods
+from .loss_items import label_smoothed_loss, label_smoother
+from .memory import batch_size_to_resume, maybe_empty_cache, memory_tracker, train_with_batch_size_search
 from .meter import TrainingMeter, flops_parameters, throughput_logs, training_logs
+from .model_features import prepare_model_features
 from .neftune import neftune_while_training
-from .optim import build_scheduler
+from .optim import build_scheduler, replan_schedule
 from .plan import PlanMethods, length_or_none, loader_epoch, log_plan, window_sizes
-from .reporting import ReportingMethods
-from .sampling import SamplingHooks
+from .reporting import ReportingMethods, apply_log_level
+from .sampling import SamplingHooks, seed_run
 from .saving import SavingMethods
+from .training_arguments.arguments import TrainingArguments
+from .training_arguments.deepspeed import scheduler_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -99,14 +102,14 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self._validate_args()  # datasets and functions against the strategies: before a model is built
-        wiring.seed_run(self.args)  # before model_init, so its initial weights are reproducible
+        seed_run(self.args)  # before model_init, so its initial weights are reproducible
         self._deepspeed: Any = None  # the translated TrainingArguments(deepspeed=...), when given
         self.is_in_train = False
-        self._memory_tracker = wiring.memory_tracker(self.args)
+        self._memory_tracker = memory_tracker(self.args)
         self._memory_tracker.start()  # named by its caller (__init__, train, evaluate): transformers' stages
         self._loaded_model = model  # read by create_accelerator: a model transformers sharded sets the layout
         self.create_accelerator_and_postprocess()
-        wiring.apply_log_level(self.args)
+        apply_log_level(self.args)
         self.hub: Any = None
         self.hub_model_id: str | None = None
         if self.args.push_to_hub:
@@ -118,7 +121,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         self.model = self.model_wrapped = model
         self._model_prepared = self._optimizer_prepared = False
         self.label_names = self.args.label_names or default_label_names(model)
-        self.label_smoother = wiring.label_smoother(self.args, model)
+        self.label_smoother = label_smoother(self.args, model)
         self.main_input_name = getattr(model, "main_input_name", "input_ids")
         self._count_items = ItemCounter(model, self.label_names)
         loss_items.set_policy(self, model)  # model_accepts_loss_kwargs & co., as transformers decides them
@@ -139,7 +142,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         self.control = TrainerControl()
         self.state = TrainerState(is_local_process_zero=self.is_local_process_zero(),
                                   is_world_process_zero=self.is_world_process_zero(),
-                                  stateful_callbacks=self._stateful_callbacks())
+                                  stateful_callbacks=exported_states(self._stateful_callbacks()))
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
         self._memory_tracker.stop_and_update_metrics()
 
@@ -155,9 +158,9 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
 
     def create_accelerator_and_postprocess(self) -> None:
         """Build the engine from the arguments (``self.accelerator``); the run's settings are then
-        ``accelerator.config`` (the arguments are never written to: see trainer/engine_settings.py)."""
+        ``accelerator.config`` (the arguments are never written to: see trainer/training_arguments/engine_settings.py)."""
         if self.args.deepspeed is not None:
-            from .deepspeed import deepspeed_for_trainer
+            from .training_arguments.deepspeed import deepspeed_for_trainer
 
             self._deepspeed = deepspeed_for_trainer(self.args)
         self.accelerator = self.create_accelerator()
@@ -167,15 +170,15 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
 
     def create_accelerator(self):
         """A new engine configured from the arguments (``_build_accelerator_args``)."""
-        from trainkit.engine.accelerator import Accelerator
+        from trainkit.engine import Accelerator
 
         accelerator = Accelerator(**self._build_accelerator_args())
-        accelerator.gradient_accumulation_steps = 1  # the Trainer opens each accumulation window itself
+        caller_opens_accumulation_windows(accelerator)  # the Trainer opens each window itself
         return accelerator
 
     def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
         """The ``Accelerator(...)`` keywords the arguments decide (``kwargs`` added over them)."""
-        from .engine_settings import accelerator_arguments
+        from .training_arguments.engine_settings import accelerator_arguments
 
         deepspeed_plugin = self._deepspeed.plugin if self._deepspeed else None
         model = getattr(self, "model", None) or getattr(self, "_loaded_model", None)  # the model to train, once known
@@ -254,7 +257,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         if self._model_prepared:
             return
         model = self.model if model is None else model
-        wiring.prepare_model_features(self, model)
+        prepare_model_features(self, model)
         wrapped = self.accelerator.prepare(model)  # compiles in place when torch_compile is set
         self.model_wrapped = wrapped
         self.model = self.accelerator.unwrap_model(wrapped)
@@ -278,12 +281,12 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
             folder = self.checkpoint_manager.resume_folder(resume_from_checkpoint)
             if folder is not None and not self._loads_weights_after_wrapping():
                 self._load_from_checkpoint(folder)
-            wiring.batch_size_to_resume(self, folder)  # the batch size the checkpointed run found to fit
+            batch_size_to_resume(self, folder)  # the batch size the checkpointed run found to fit
             run = functools.partial(self._inner_training_loop, args=self.args, resume_from_checkpoint=folder,
                                     trial=trial, ignore_keys_for_eval=ignore_keys_for_eval)
             with neftune_while_training(self.model, self.args.neftune_noise_alpha):
                 if self.args.auto_find_batch_size:
-                    return wiring.train_with_batch_size_search(self, run, self._train_batch_size)
+                    return train_with_batch_size_search(self, run, self._train_batch_size)
                 return run(batch_size=self._train_batch_size)
         finally:
             self.is_in_train = False
@@ -336,7 +339,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
                              resume_from_checkpoint: str | None, trial: Any) -> tuple[int, int]:
         """A fresh TrainerState, or the resumed checkpoint's (with this run's plan and its callbacks' states);
         returns (epochs done, micro-batches done in the current epoch)."""
-        self.state = TrainerState(stateful_callbacks=self._stateful_callbacks())
+        self.state = TrainerState(stateful_callbacks=exported_states(self._stateful_callbacks()))
         self.state.is_hyper_param_search = trial is not None
         self.state.train_batch_size = self._train_batch_size
         self.state.compute_steps(self.args, max_steps)
@@ -363,7 +366,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
         # rank loads the weights; SGD did not); otherwise before the engine wraps the model, which re-binds it.
         delay_optimizer_creation = self.is_fsdp_enabled
         if self._optimizer_prepared:
-            wiring.replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
+            replan_schedule(self, max_steps)  # a new plan (auto_find_batch_size, a second train()) re-spans it
         elif not delay_optimizer_creation:
             self._scheduler_built = self.lr_scheduler is None
             self.create_optimizer()
@@ -413,7 +416,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
             grad_norm, learning_rate = self._train_on_window(model, batch_samples, num_items_in_batch)
             state.global_step += 1
             state.epoch = epoch + ((update_step + 1) / num_update_steps_per_epoch if sized else 0)
-            wiring.maybe_empty_cache(args, state.global_step, self.accelerator.device)
+            maybe_empty_cache(args, state.global_step, self.accelerator.device)
             self.control = handler.on_step_end(args, state, self.control)
             self._maybe_log_save_evaluate(self.meter.loss_sum, grad_norm, model, trial, epoch, ignore_keys_for_eval,
                                           start_time, learning_rate=learning_rate)
@@ -452,6 +455,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
             self._track_num_input_tokens(inputs)
             if index < len(batch_samples) - 1:
                 self.control = handler.on_substep_end(args, self.state, self.control)
+        assert window_loss is not None  # a window holds at least one micro-batch
         self.meter.add_step(window_loss, args.logging_nan_inf_filter)
         return self._optimizer_step(model)
 
@@ -484,7 +488,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
             outputs = call_model(model, {k: v for k, v in inputs.items() if k != label_name}, **passed)
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
         elif self.label_smoother is not None and isinstance(inputs, Mapping) and self.label_names[0] in inputs:
-            loss, outputs = wiring.label_smoothed_loss(self, model, inputs, num_items_in_batch, passed)
+            loss, outputs = label_smoothed_loss(self, model, inputs, num_items_in_batch, passed)
         else:
             outputs = call_model(model, inputs, **passed)
             loss = loss_from_outputs(outputs)
@@ -576,7 +580,7 @@ class Trainer(SamplingHooks, DataLoaderMethods, PlanMethods, ReportingMethods, E
 
 
 if TYPE_CHECKING:  # mypy checks that the Trainer has all that checkpointing/ reads and writes on it
-    from trainkit.engine.process.preemption import PreemptionWatch
+    from trainkit.engine import PreemptionWatch
 
     from .checkpointing.protocol import PreemptibleTrainer
     _CHECKPOINTED: type[PreemptibleTrainer] = Trainer

@@ -91,8 +91,8 @@ _LAZY = {
     "skip_first_batches": "trainkit.data_loader",
     "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
     # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
-    "DummyOptim": "trainkit.engine.strategies.deepspeed",
-    "DummyScheduler": "trainkit.engine.strategies.deepspeed",
+    "DummyOptim": "trainkit.engine.deepspeed.from_config",
+    "DummyScheduler": "trainkit.engine.deepspeed.from_config",
     **{name: "trainkit.utils.model_tensors" for name in (
         "CustomDtype", "clean_state_dict_for_safetensors", "compute_module_sizes", "convert_file_size_to_int",
         "dtype_byte_size", "extract_submodules_state_dict", "find_tied_parameters", "get_module_children_bottom_up",

@@ -46,7 +46,7 @@ facts = observed(trainer.accelerator, model.net)
 facts.update(optimizer_steps=trainer.state.global_step, resharded_after_forward=model.resharded_after_forward,
              gradient_accumulation_steps=trainer.accelerator.config.gradient_accumulation_steps,
              arguments_accumulation=trainer.args.gradient_accumulation_steps,
-             engine_implicit_accumulation=trainer.accelerator.gradient_accumulation_steps)
+             engine_accumulation=trainer.accelerator.gradient_accumulation_steps)
 
 explicit = Trainer(model=Regression(), args=arguments(gradient_accumulation_steps=2), train_dataset=Ones())
 explicit.train()

@@ -71,7 +71,7 @@ def test_ddp_checkpoint_holds_full_weights_once(two_ranks):
 
 
 def test_fsdp_sharded_checkpoint_holds_dcp_shards_that_merge_weights_turns_into_the_model(two_ranks, tmp_path):
-    from trainkit.cli.merge_weights import merge_weights
+    from trainkit.engine.checkpoint.merged_weights import merge_weights
 
     layout = json.loads((two_ranks / "fsdp-layout.json").read_text())
     assert layout["distributed_type"].endswith("FSDP")

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.api.attributes import run_load_state_pre_hooks
+from trainkit.engine.accelerator_parts.attributes import run_load_state_pre_hooks
 from trainkit.engine.data import PreparedDataLoader
 
 from . import model_state, state_io
@@ -36,7 +36,7 @@ from .global_batch import BatchShape, Rescale, keep_global_batch, saved_batch_sh
 from .rng import capture_rng_state, restore_rng_state
 
 if TYPE_CHECKING:  # the Accelerator as this module sees it: a Protocol (the Accelerator imports this package)
-    from trainkit.engine.api.prepared import PreparedObjects
+    from trainkit.engine.accelerator_parts.prepared import PreparedObjects
 
     from .model_state import Reading
     from .protocol import CheckpointedAccelerator as Accelerator
@@ -259,6 +259,16 @@ def _global_batch_rescale(accelerator: Accelerator, reading: Reading,
         return None
     current = BatchShape(accelerator.num_processes, loaders[0].global_batch_size, accelerator.gradient_accumulation_steps)
     return keep_global_batch(saved, current, reading.directory)
+
+
+def rescale_accumulation(accelerator: Accelerator, saved: BatchShape, loader_global_batch: int | None, folder: str,
+                         scheduler_steps: list[int] | None = None) -> None:
+    """The accumulation that keeps ``saved``'s global batch on this world size becomes the run's (nothing on the
+    same world size or an unknown batch; refused where it does not divide)."""
+    current = BatchShape(accelerator.num_processes, loader_global_batch, accelerator.gradient_accumulation_steps)
+    rescale = keep_global_batch(saved, current, folder)
+    if rescale is not None:
+        _apply_rescale(accelerator, rescale, scheduler_steps)
 
 
 def _apply_rescale(accelerator: Accelerator, rescale: Rescale, scheduler_steps: list[int] | None) -> None:

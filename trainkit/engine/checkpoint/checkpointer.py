@@ -269,6 +269,18 @@ class Checkpointer:
                 return None
         return saved_batch_shape(storage, files, accumulation=accumulation)
 
+    def rescale_for_global_batch(self, folder: str, dataloader: Any, *, accumulation_from: str | None = None) -> None:
+        """Before resuming from ``folder`` on another world size: the accumulation that keeps its global batch becomes
+        the run's (``gradient_accumulation_steps`` and ``config``, with provenance; refused where it does not divide),
+        said once. The same decision (``global_batch.keep_global_batch``) and application as inside ``load_state``;
+        the Trainer asks for it before it plans its run, then loads with ``keep_global_batch=False``.
+        ``accumulation_from``: see :meth:`saved_batch_shape`."""
+        from .accelerator_state import rescale_accumulation
+
+        saved = self.saved_batch_shape(folder, accumulation_from=accumulation_from)
+        if saved is not None:
+            rescale_accumulation(self._accelerator, saved, getattr(dataloader, "global_batch_size", None), folder)
+
     def load_model(self, model: Any, folder: str, index: int = 0, *, checksums: bool = True) -> None:
         """Collective: verify ``folder`` and load its ``index``-th model's weights (full or sharded) into the
         prepared ``model``, keys checked before anything is copied."""

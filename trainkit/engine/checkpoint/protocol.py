@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from trainkit.config.engine import EngineConfig
-    from trainkit.engine.api.prepared import PreparedObjects
+    from trainkit.engine.accelerator_parts.prepared import PreparedObjects
     from trainkit.engine.strategies.base import Strategy
     from trainkit.utils.dataclasses import ProjectConfiguration
 

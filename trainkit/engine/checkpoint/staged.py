@@ -88,7 +88,7 @@ class StagedCheckpoint:
     def write_save_state(self, *, sharded: bool | None = None, dataloaders: Sequence[Any] | None = None) -> None:
         """Collective: what ``save_state`` writes: the files of its pre-hooks (given a local folder that joins the
         checkpoint), then the engine's state."""
-        from trainkit.engine.api.attributes import run_save_state_pre_hooks
+        from trainkit.engine.accelerator_parts.attributes import run_save_state_pre_hooks
 
         with self.local_folder() as folder:
             run_save_state_pre_hooks(self.accelerator, self.accelerator.prepared.models, folder)

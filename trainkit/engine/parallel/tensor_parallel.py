@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
 from trainkit.config.errors import ConfigError
-from trainkit.engine.strategies.fsdp import sharding
+from trainkit.engine.parallel.ties import parameter_ties, restore_parameter_ties
 
 logger = logging.getLogger(__name__)
 
@@ -114,13 +114,13 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, plan: Mapping[s
         if not isinstance(module, (nn.Linear, nn.Embedding)) and STYLES[style] is not None:
             raise ConfigError(f"Tensor-parallel plan: {name!r} is a {type(module).__name__}; the style {style!r} "
                               "applies to nn.Linear and nn.Embedding modules only.")
-    ties = sharding.parameter_ties(model)
+    ties = parameter_ties(model)
     torch_plan: dict[str, Any] = {name: factory() for name, style in modules.items()
                                   if (factory := STYLES[style]) is not None}
     if torch_plan:
         parallelize_module(model, tp_mesh, torch_plan)
     _check_ties(model, ties)
-    sharding.restore_parameter_ties(model, ties)
+    restore_parameter_ties(model, ties)
     return modules
 
 

@@ -37,12 +37,17 @@ class WindowedLoader(Protocol):
 class GradientState(GradientStateAPI):
     """Per-Accelerator accumulation bookkeeping, fed by ``accumulate`` and the prepared dataloaders."""
 
-    def __init__(self, num_steps: int = 1) -> None:
+    def __init__(self, num_steps: int = 1, *, caller_opens_windows: bool = False) -> None:
         self.num_steps = num_steps
+        """The run's accumulation: micro-batches per optimizer step (the one answer, also where the caller opens
+        the windows)."""
+        self.caller_opens_windows = caller_opens_windows
+        """True when the caller opens every window itself (:meth:`open_window`, as the Trainer does): a micro-batch
+        outside one is a window of its own and its loss is taken as it is."""
         self.sync_gradients = True
         self.step = 0
         """Micro-batches seen by ``accumulate`` so far."""
-        self.window_size = num_steps
+        self.window_size = self.implicit_window_steps
         self.window_items: torch.Tensor | int | None = None
         """Loss items in the current explicit window on all processes (None: not counted)."""
         self.loss_is_global_share = False
@@ -115,17 +120,23 @@ class GradientState(GradientStateAPI):
             self.step = 0  # the next window starts fresh, also after a short one
             self._explicit_window = False
 
+    @property
+    def implicit_window_steps(self) -> int:
+        """Micro-batches in a window ``accumulate`` opens by itself: ``num_steps``, or 1 where the caller opens them."""
+        return 1 if self.caller_opens_windows else self.num_steps
+
     def _advance_implicit(self) -> bool:
         """Window bookkeeping from ``num_steps`` and the active dataloader's look-ahead (``accumulate``)."""
         self.loss_is_global_share = False
         self.window_items = None
-        position = (self.step - 1) % self.num_steps  # 0-based index inside the window
+        steps = self.implicit_window_steps
+        position = (self.step - 1) % steps  # 0-based index inside the window
         loader = self.active_dataloader
         left_in_loader = loader.batches_left() if loader is not None else None
         if position == 0:
             # A window opens: it is short when the dataloader ends before num_steps more batches.
-            remaining = left_in_loader + 1 if left_in_loader is not None else self.num_steps
-            self.window_size = min(self.num_steps, max(remaining, 1))
+            remaining = left_in_loader + 1 if left_in_loader is not None else steps
+            self.window_size = min(steps, max(remaining, 1))
         return position + 1 == self.window_size or self.end_of_dataloader
 
     def normalise_loss(self, loss: torch.Tensor, gradient_reduction: str, num_processes: int) -> torch.Tensor:
@@ -140,7 +151,7 @@ class GradientState(GradientStateAPI):
             if gradient_reduction == "mean" and num_processes > 1:
                 return loss * num_processes
             return loss
-        if self.num_steps > 1:
+        if self.implicit_window_steps > 1:
             return loss / self.num_steps
         return loss
 
@@ -148,7 +159,7 @@ class GradientState(GradientStateAPI):
         """Forget any partial window (e.g. when a new epoch starts)."""
         self.step = 0
         self.sync_gradients = True
-        self.window_size = self.num_steps
+        self.window_size = self.implicit_window_steps
         self.window_items = None
         self.loss_is_global_share = False
         self._explicit_window = False

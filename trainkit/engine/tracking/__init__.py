@@ -7,7 +7,6 @@ from trainkit.engine.tracking.jsonl import JSONLTracker
 from trainkit.engine.tracking.mlflow import MLflowTracker
 from trainkit.engine.tracking.registry import (
     OPTIONAL_TRACKERS,
-    TRACKER_NAMES,
     available_trackers,
     check_logging_directory,
     find_tracker,
@@ -20,6 +19,6 @@ from trainkit.engine.tracking.registry import (
 from trainkit.engine.tracking.tensorboard import TensorBoardTracker
 from trainkit.engine.tracking.wandb import WandBTracker
 
-__all__ = ["OPTIONAL_TRACKERS", "TRACKER_NAMES", "GeneralTracker", "JSONLTracker", "MLflowTracker", "TensorBoardTracker",
+__all__ = ["OPTIONAL_TRACKERS", "GeneralTracker", "JSONLTracker", "MLflowTracker", "TensorBoardTracker",
            "WandBTracker", "available_trackers", "check_logging_directory", "find_tracker", "register_tracker", "resolve_log_with",
            "start_trackers", "tracker_classes", "tracker_names"]

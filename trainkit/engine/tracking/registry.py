@@ -26,9 +26,6 @@ OPTIONAL_TRACKERS: dict[str, tuple[type[GeneralTracker], Callable[[], bool]]] = 
 """Name -> (class, is its library installed) for every tracker besides the JSONL log; scripts add theirs with
 :func:`register_tracker`."""
 
-TRACKER_NAMES: tuple[str, ...] = ("jsonl", *OPTIONAL_TRACKERS)
-"""The trackers built into the engine (``log_with=`` / ``report_to=``; "all" adds the installed optional ones)."""
-
 
 def tracker_names() -> tuple[str, ...]:
     """Every tracker name the engine accepts now: the built-in ones and those a script registered

@@ -24,13 +24,13 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.checkpoint import TRAINER_CONVENTION, latest_checkpoint_in, list_checkpoints
-from trainkit.engine.data import PreparedDataLoader
+from trainkit.engine import TRAINER_CONVENTION, PreparedDataLoader, latest_checkpoint_in, list_checkpoints
 
 from ..callbacks import exported_states
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
-    from trainkit.engine.checkpoint import StagedCheckpoint
+    from trainkit.engine import StagedCheckpoint
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
     from .protocol import CheckpointedTrainer as Trainer
 
@@ -130,13 +130,23 @@ def prepared_model(trainer: Trainer) -> Any:
     return getattr(trainer.model_wrapped, "_orig_mod", trainer.model_wrapped)
 
 
+def run_output_dir(args: TrainingArguments) -> str:
+    """The run's folder, ``args.output_dir``: a str once the arguments are built (``__post_init__`` gives
+    transformers' default, "trainer_output"); None only when a script cleared it afterwards, which is refused."""
+    if args.output_dir is None:
+        raise ValueError("TrainingArguments.output_dir is None: the run needs a folder for its checkpoints and "
+                         "markers; set output_dir.")
+    return args.output_dir
+
+
 def save_model_config(model: Any, folder: str) -> None:
     """Main process: the model's ``config.json`` and generation config, when it has them."""
     config = getattr(model, "config", None)
-    if hasattr(config, "save_pretrained"):
+    if config is not None and hasattr(config, "save_pretrained"):
         config.save_pretrained(folder)
     generation_config = getattr(model, "generation_config", None)
-    if hasattr(generation_config, "save_pretrained") and getattr(model, "can_generate", lambda: False)():
+    if generation_config is not None and hasattr(generation_config, "save_pretrained") and \
+            getattr(model, "can_generate", lambda: False)():
         generation_config.save_pretrained(folder)
 
 

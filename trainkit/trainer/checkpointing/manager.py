@@ -17,12 +17,7 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from trainkit.engine.checkpoint import (
-    TRAINER_CONVENTION,
-    CorruptedCheckpointError,
-    IncompleteCheckpointError,
-    elastic_reason,
-)
+from trainkit.engine import TRAINER_CONVENTION, CorruptedCheckpointError, IncompleteCheckpointError, elastic_reason
 
 from . import files as checkpoints
 from . import preemption, resume
@@ -82,7 +77,7 @@ class CheckpointManager:
     def resume_folder(self, requested: str | os.PathLike | bool | None) -> str | None:
         """Collective: the folder ``train(resume_from_checkpoint=requested)`` resumes from (see
         :func:`trainkit.engine.checkpoint.find_resume_folder`), or None."""
-        output_dir, checkpointer = self.trainer.args.output_dir, self.trainer.accelerator.checkpointer
+        output_dir, checkpointer = checkpoints.run_output_dir(self.trainer.args), self.trainer.accelerator.checkpointer
         root = self.trainer.args.checkpoint_dir or output_dir  # as transformers: the run's folder, not a trial's
         if requested is True:  # transformers' ValueError and words (scripts and its tests match them)
             try:
@@ -91,7 +86,8 @@ class CheckpointManager:
                 raise ValueError(f"No valid checkpoint found in output directory ({root}): "
                                  "resume_from_checkpoint=True needs a complete checkpoint-N folder there.") from None
             return self._verified
-        if requested not in (None, False) and "://" not in os.fspath(requested) and not os.path.isdir(os.fspath(requested)):
+        if isinstance(requested, (str, os.PathLike)) and "://" not in os.fspath(requested) and \
+                not os.path.isdir(os.fspath(requested)):
             raise ValueError(f"Can't find a valid checkpoint at {os.fspath(requested)}: no such folder.")
         reason = elastic_reason(self.trainer.accelerator.config.elastic)
         if requested is None and checkpointer.decide("look for a preemption marker",

@@ -18,12 +18,13 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from trainkit.config.files import write_text_atomic
-from trainkit.engine.process.preemption import PreemptionWatch
+from trainkit.engine import PreemptionWatch
 
 from . import files as checkpoints
 
 if TYPE_CHECKING:  # the Trainer as this module sees it: a Protocol (the Trainer imports this module, not the reverse)
     from .protocol import PreemptibleTrainer
+    from trainkit.trainer.training_arguments.arguments import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ MARKER_NAME = "trainkit_preempted.json"
 """Left in ``output_dir`` by a run stopped by a preemption signal: the next ``train()`` resumes by itself."""
 
 
-def is_enabled(args: Any) -> bool:
+def is_enabled(args: TrainingArguments) -> bool:
     """``enable_jit_checkpoint`` when set, else on exactly when the run writes checkpoints."""
     explicit = getattr(args, "enable_jit_checkpoint", None)
     return bool(explicit) if explicit is not None else args.save_strategy != "no"
@@ -61,8 +62,9 @@ def watching(trainer: PreemptibleTrainer) -> Iterator[None]:
         raise
     else:
         trainer._preemption_watch.close()
-        if trainer.is_world_process_zero() and was_preempted(trainer.args.output_dir):
-            os.remove(marker_path(trainer.args.output_dir))  # finished: the next run starts afresh
+        output_dir = checkpoints.run_output_dir(trainer.args)
+        if trainer.is_world_process_zero() and was_preempted(output_dir):
+            os.remove(marker_path(output_dir))  # finished: the next run starts afresh
     finally:
         trainer._preemption_watch = None
 
@@ -72,8 +74,8 @@ def at_step_boundary(trainer: PreemptibleTrainer) -> None:
     watch = getattr(trainer, "_preemption_watch", None)
     if watch is None or not watch.poll():
         return
-    args, state = trainer.args, trainer.state
-    folder = os.path.normpath(checkpoints.checkpoint_folder(args.output_dir, state.global_step))
+    state, output_dir = trainer.state, checkpoints.run_output_dir(trainer.args)
+    folder = os.path.normpath(checkpoints.checkpoint_folder(output_dir, state.global_step))
     if trainer.is_world_process_zero():
         logger.warning("Preemption (%s): all %d processes stop at step %d; saving %s.", watch.describe_cause(),
                        trainer.accelerator.num_processes, state.global_step, folder)
@@ -81,6 +83,6 @@ def at_step_boundary(trainer: PreemptibleTrainer) -> None:
     if trainer.is_world_process_zero():
         note = {"checkpoint": folder, "global_step": state.global_step,
                 "signal": watch.received.name if watch.received is not None else None}
-        write_text_atomic(marker_path(args.output_dir), json.dumps(note) + "\n")
+        write_text_atomic(marker_path(output_dir), json.dumps(note) + "\n")
     trainer.accelerator.end_training()
     watch.exit_after_save(folder, state.global_step, state=trainer.accelerator.state)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from trainkit.engine.accelerator import Accelerator
-    from trainkit.engine.process.preemption import PreemptionWatch
+    from trainkit.engine import Accelerator
+    from trainkit.engine import PreemptionWatch
 
-    from ..arguments import TrainingArguments
+    from ..training_arguments.arguments import TrainingArguments
     from ..callbacks import CallbackHandler, TrainerState
 
 

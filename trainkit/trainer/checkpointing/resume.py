@@ -18,8 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from trainkit.engine.checkpoint import BatchShape, keep_global_batch
-from trainkit.engine.data import PreparedDataLoader
+from trainkit.engine import PreparedDataLoader
 
 from .files import TRAINER_STATE_NAME, TRAINING_ARGS_NAME, training_loaders
 
@@ -54,7 +53,7 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     accelerator = trainer.accelerator
     if accelerator.is_main_process:
         logger.info("Resuming from %s", folder)
-    # Verified first; nothing is half-loaded. The Trainer owns the accumulation (keep_global_batch_on_resume).
+    # Verified first; nothing is half-loaded. The accumulation was rescaled before the plan (keep_global_batch_on_resume).
     resumed = accelerator.checkpointer.resume(folder, dataloaders=training_loaders(train_dataloader),
                                               verify_checksums=verify_checksums, keep_global_batch=False,
                                               load_models=False)  # the weights: the Trainer's _load_from_checkpoint
@@ -71,26 +70,14 @@ def resume_training(trainer: Trainer, folder: str, train_dataloader: Any, steps_
     steps_done = global_step % steps_per_epoch if steps_per_epoch else 0
     if position_restored or not steps_per_epoch:
         return ResumePoint(steps_done, 0)  # the loader continues at its next sample by itself
-    return ResumePoint(steps_done, steps_done * accelerator.config.gradient_accumulation_steps)
+    return ResumePoint(steps_done, steps_done * accelerator.gradient_accumulation_steps)
 
 
 def keep_global_batch_on_resume(trainer: Trainer, folder: str, train_dataloader: Any) -> None:
-    """Before the run is planned: on another world size than ``folder`` was saved on, rescale the run's
-    accumulation (``accelerator.config``; the arguments stay as written) so the global batch stays
-    (engine/checkpoint/global_batch.py decides, and refuses where it does not divide); says what changed."""
-    accelerator = trainer.accelerator
-    saved = accelerator.checkpointer.saved_batch_shape(folder, accumulation_from=TRAINING_ARGS_NAME)
-    if saved is None:
-        return
-    current = BatchShape(accelerator.num_processes, getattr(train_dataloader, "global_batch_size", None),
-                         accelerator.config.gradient_accumulation_steps)
-    rescale = keep_global_batch(saved, current, folder)
-    if rescale is None:
-        return
-    previous = accelerator.config.gradient_accumulation_steps
-    accelerator.config = accelerator.config.replace(rescale.source, gradient_accumulation_steps=rescale.accumulation)
-    if accelerator.is_main_process:
-        logger.warning("trainkit: %s", rescale.describe(previous, accelerator.num_processes))
+    """Before the run is planned: on another world size than ``folder`` was saved on, the engine rescales the run's
+    accumulation so the global batch stays (the arguments stay as written); the saved accumulation is the one the
+    Trainer recorded in its ``training_args.json``."""
+    trainer.accelerator.checkpointer.rescale_for_global_batch(folder, train_dataloader, accumulation_from=TRAINING_ARGS_NAME)
 
 
 def load_trainer_state(trainer: Trainer, folder: str) -> Any:

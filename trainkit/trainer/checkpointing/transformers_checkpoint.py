@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from trainkit.engine.checkpoint import model_state, serialization
-from trainkit.engine.checkpoint.errors import CheckpointMismatchError
+from trainkit.engine import CheckpointMismatchError, load_full_weights, read_safetensors_weights
 
 from .files import TRAINER_STATE_NAME, prepared_model
 from .resume import ResumePoint
@@ -64,9 +63,8 @@ def _load(path: str) -> Any:
 
 
 def _read_weights(folder: str) -> dict[str, torch.Tensor]:
-    if any(os.path.isfile(os.path.join(folder, name)) for name in (serialization.WEIGHTS_NAME, serialization.INDEX_NAME)):
-        return serialization.load_safetensors(folder)  # one file, or shards with their index
-    return _load(os.path.join(folder, "pytorch_model.bin"))
+    state = read_safetensors_weights(folder)  # one file, or shards with their index
+    return state if state is not None else _load(os.path.join(folder, "pytorch_model.bin"))
 
 
 def _with_tied_aliases(trainer: Trainer, model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -91,11 +89,9 @@ def load_transformers_weights(trainer: Trainer, folder: str, model: Any = None) 
         if any(name.startswith(prefix) for name in names):
             raise ValueError(f"{folder} is {what} written by transformers' Trainer; trainkit resumes transformers' "
                              "full-weight checkpoints (model.safetensors, optimizer.pt, scheduler.pt).")
-    model, strategy = prepared_model(trainer) if model is None else model, trainer.accelerator.strategy
+    model = prepared_model(trainer) if model is None else model
     state = _with_tied_aliases(trainer, model, _read_weights(folder))
-    model_state.compare_keys(f"model (transformers checkpoint {folder})", model_state.expected_model_shapes(strategy, model),
-                             {key: tuple(value.shape) for key, value in state.items()})
-    strategy.load_model_state_dict(model, state, full=True)
+    load_full_weights(trainer.accelerator, model, state, what=f"model (transformers checkpoint {folder})")
 
 
 def _load_optimizer(trainer: Trainer, folder: str) -> None:
@@ -159,4 +155,4 @@ def resume_transformers_checkpoint(trainer: Trainer, folder: str, steps_per_epoc
     if trainer.args.ignore_data_skip or not steps_per_epoch:  # the epoch starts again from its first batch
         return ResumePoint(0, 0, restore)
     steps_done = trainer.state.global_step % steps_per_epoch
-    return ResumePoint(steps_done, steps_done * trainer.accelerator.config.gradient_accumulation_steps, restore)
+    return ResumePoint(steps_done, steps_done * trainer.accelerator.gradient_accumulation_steps, restore)

@@ -49,12 +49,12 @@ def _train_trial(trainer: Any, trial: Any) -> Any:
 
 
 def _send_trial(trial: Any) -> None:
-    from trainkit.engine.process.collectives import broadcast_object_list
+    from trainkit.engine import broadcast_object_list
 
     broadcast_object_list([trial], from_process=0)
 
 
 def _received_trial() -> Any:
-    from trainkit.engine.process.collectives import broadcast_object_list
+    from trainkit.engine import broadcast_object_list
 
     return broadcast_object_list([None], from_process=0)[0]

@@ -46,7 +46,7 @@ def start_trial(trainer: Any, trial: Any) -> None:
     every ``train()``, as transformers does, so training again starts from scratch and whatever a script drew
     before (an evaluation's data order) does not change the run; then a trial's arguments and engine."""
     if trainer.model_init is not None:
-        from ..wiring import seed_run
+        from trainkit.trainer.sampling import seed_run
 
         seed_run(trainer.args)  # the seed comes before the model, so each run (each trial) starts from the same draw
         trainer.model = trainer.model_wrapped = trainer.callback_handler.model = trainer.call_model_init(trial)

@@ -12,7 +12,7 @@ from typing import Any
 from transformers import GenerationConfig
 
 from trainkit.config.errors import ConfigError
-from trainkit.trainer.arguments import TrainingArguments, reject_unknown_keywords
+from trainkit.trainer.training_arguments.arguments import TrainingArguments, reject_unknown_keywords
 
 logger = logging.getLogger(__name__)
 

@@ -159,26 +159,6 @@ def keep_shared_parameters_together(model: nn.Module, units: Sequence[nn.Module]
     return kept
 
 
-def parameter_ties(model: nn.Module) -> dict[str, str]:
-    """``{name: first name}`` for every parameter reachable under a second name (tied weights)."""
-    first: dict[int, str] = {}
-    ties = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        if id(param) in first:
-            ties[name] = first[id(param)]
-        else:
-            first[id(param)] = name
-    return ties
-
-
-def restore_parameter_ties(model: nn.Module, ties: dict[str, str]) -> None:
-    """Point each tied name at its first name's parameter again (``Module.to("meta")`` unties them)."""
-    for name, source in ties.items():
-        owner_name, _, attribute = name.rpartition(".")
-        owner = model.get_submodule(owner_name)
-        setattr(owner, attribute, model.get_parameter(source))
-
-
 def unify_group_dtypes(model: nn.Module, units: Sequence[nn.Module]) -> None:
     """Cast each FSDP group's trainable floating parameters to one dtype (the widest) before sharding.
 

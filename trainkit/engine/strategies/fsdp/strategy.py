@@ -44,6 +44,7 @@ from trainkit.engine.process.state import ProcessState
 from trainkit.utils.dataclasses import DistributedType
 
 from trainkit.engine.strategies.base import Strategy, StrategyCapabilities, StrategyRequest
+from trainkit.engine.parallel.ties import parameter_ties, restore_parameter_ties
 
 logger = logging.getLogger(__name__)
 
@@ -97,10 +98,10 @@ class FSDPStrategy(Strategy):
         originals = {name: param for name, param in model.named_parameters(remove_duplicate=False)}
         rank, world = self.state.rank, self.state.world_size
         meta_loading = options.cpu_ram_efficient_loading and world > 1
-        ties = sharding.parameter_ties(model)
+        ties = parameter_ties(model)
         if meta_loading:
             kept = rank0_weights.move_to_meta_keeping_rank0_states(model, rank)
-            sharding.restore_parameter_ties(model, ties)  # Module.to("meta") gives each name its own tensor
+            restore_parameter_ties(model, ties)  # Module.to("meta") gives each name its own tensor
         else:
             model.to(self.device)
             if options.sync_module_states and world > 1:
@@ -124,7 +125,7 @@ class FSDPStrategy(Strategy):
         )
         if meta_loading:
             rank0_weights.materialize_from_rank0(model, kept, self.device, rank)
-            sharding.restore_parameter_ties(model, ties)
+            restore_parameter_ties(model, ties)
             pretrained_loading.restore_from_pretrained()  # later loads (evaluation reloads) are real again
         sharding.wire_prefetch(units, forward_prefetch=options.forward_prefetch,
                                backward_prefetch=options.backward_prefetch)

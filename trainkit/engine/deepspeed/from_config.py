@@ -162,7 +162,7 @@ def shard_optimizer_state(settings: Any, optimizer: torch.optim.Optimizer, num_p
     if settings is not None and settings.shard_optimizer_state and num_processes > 1:
         # Imported here: torch.distributed.optim scripts its functional optimizers with torch.jit on import,
         # which emits dozens of DeprecationWarnings; only a ZeRO-1 run should pay for that.
-        from trainkit.engine.strategies.sharded_state_optimizer import ShardedStateOptimizer
+        from trainkit.engine.deepspeed.sharded_state_optimizer import ShardedStateOptimizer
 
         return ShardedStateOptimizer(optimizer)
     return optimizer

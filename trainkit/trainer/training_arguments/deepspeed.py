@@ -60,10 +60,10 @@ def optimizer_from_config(deepspeed: TrainerDeepSpeed | None, groups: list[dict[
     """The optimizer the config's ``optimizer`` block names, over ``groups``; None without such a block."""
     if deepspeed is None or deepspeed.settings.optimizer is None:
         return None
-    from trainkit.engine.strategies.deepspeed import DummyOptim, build_optimizer
+    from trainkit.engine import deepspeed_optimizer
 
-    return build_optimizer(deepspeed.settings.optimizer, DummyOptim(groups, lr=args.learning_rate,
-                                                                     weight_decay=args.weight_decay))
+    return deepspeed_optimizer(deepspeed.settings.optimizer, groups, lr=args.learning_rate,
+                               weight_decay=args.weight_decay)
 
 
 def scheduler_from_config(deepspeed: TrainerDeepSpeed | None, optimizer: torch.optim.Optimizer, args: Any,
@@ -71,8 +71,7 @@ def scheduler_from_config(deepspeed: TrainerDeepSpeed | None, optimizer: torch.o
     """The schedule the config's ``scheduler`` block names; None without such a block."""
     if deepspeed is None or deepspeed.settings.scheduler is None:
         return None
-    from trainkit.engine.strategies.deepspeed import DummyScheduler, build_scheduler
+    from trainkit.engine import deepspeed_scheduler
 
-    placeholder = DummyScheduler(optimizer, total_num_steps=num_training_steps,
-                                 warmup_num_steps=args.warmup_steps_for(num_training_steps))
-    return build_scheduler(deepspeed.settings.scheduler, optimizer, placeholder)
+    return deepspeed_scheduler(deepspeed.settings.scheduler, optimizer, total_num_steps=num_training_steps,
+                               warmup_num_steps=args.warmup_steps_for(num_training_steps))

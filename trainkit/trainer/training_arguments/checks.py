@@ -22,7 +22,7 @@ from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice
 from trainkit.config.values import check_async_save_when_busy
-from trainkit.trainer.older_fields import apply_older_fields
+from trainkit.trainer.training_arguments.older_fields import apply_older_fields
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ def _check_checkpoint_dir(args: Any) -> None:
     """``checkpoint_dir``: a folder or a URL of a storage trainkit can write (an unknown scheme fails now, by name)."""
     if args.checkpoint_dir is None:
         return
-    from trainkit.engine.checkpoint import check_location
+    from trainkit.engine import check_location
 
     args.checkpoint_dir = str(args.checkpoint_dir)
     check_location(args.checkpoint_dir, where=f"checkpoint_dir in {WHERE}")
@@ -251,7 +251,7 @@ def _check_unavailable_features(args: Any) -> None:
 
         translated = deepspeed_for_trainer(args)
         if (translated.settings.fsdp_config or {}).get("fsdp_cpu_ram_efficient_loading"):  # zero3_init_flag
-            from trainkit.engine.strategies.fsdp.pretrained_loading import load_on_rank0_only
+            from trainkit.engine import load_on_rank0_only
 
             load_on_rank0_only()  # arguments come before from_pretrained in a Trainer script
     if args.parallelism_config is not None:  # its type and degrees now; its product against the world at training
@@ -330,7 +330,7 @@ def _check_precision_device(args: Any) -> None:
     """fp16/bf16 against the device, by the engine's own table (fp16 and bf16 both run on CPU)."""
     if args.fp16 and args.bf16:
         return  # the contradiction is named by TrainingArguments itself
-    from trainkit.engine.precision.registry import check_precision_device
+    from trainkit.engine import check_precision_device
 
     mode = "fp16" if args.fp16 else "bf16" if args.bf16 else "no"
     if args.use_cpu:
@@ -380,9 +380,9 @@ def _load_accelerator_config(value: Any) -> Any:
     for key in config:
         check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where=WHERE)
     if config.get("use_configured_state"):
-        from trainkit.engine.process.state import ProcessState
+        from trainkit.engine import process_state_exists
 
-        if ProcessState._instance is None:
+        if not process_state_exists():
             raise ConfigError(f"accelerator_config['use_configured_state']=True in {WHERE} reuses the process state "
                               "set up beforehand, and there is none yet: create the Accelerator (or PartialState) "
                               "first, or leave use_configured_state False.")
@@ -469,11 +469,11 @@ class ProcessAttributes:
 
     def _process_state(self) -> Any:
         from trainkit.config import load_launch_config_from_env
-        from trainkit.engine.process.state import ProcessState
+        from trainkit.engine import process_state
 
         launch = load_launch_config_from_env()
         cpu = True if self.use_cpu or (launch is not None and launch.use_cpu) else None  # None: not asked for
-        return ProcessState.get(cpu=cpu, backend=self.ddp_backend, timeout=self.ddp_timeout_if_set)
+        return process_state(cpu=cpu, backend=self.ddp_backend, timeout=self.ddp_timeout_if_set)
 
     @property
     def ddp_timeout_delta(self) -> timedelta:

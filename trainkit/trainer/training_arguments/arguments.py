@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
 from trainkit.config.fsdp import SHARDING_STRATEGIES
 from trainkit.config.ignored_field import reset_ignored_field
-from trainkit.engine.tracking import tracker_names
-from trainkit.trainer.argument_checks import ProcessAttributes, check_transformers_fields
-from trainkit.trainer.argument_fields import check_version_dependent_fields, unknown_field_hint
-from trainkit.trainer.argument_setters import ArgumentSetters
+from trainkit.engine import tracker_names
+from trainkit.trainer.training_arguments.checks import ProcessAttributes, check_transformers_fields
+from trainkit.trainer.training_arguments.fields import check_version_dependent_fields, unknown_field_hint
+from trainkit.trainer.training_arguments.setters import ArgumentSetters
 from trainkit.trainer.optim import check_optimizer_name, optimizer_names
 
 logger = logging.getLogger(__name__)
@@ -380,7 +380,7 @@ class TrainingArguments(ProcessAttributes, ArgumentSetters):
         if not isinstance(options, FSDPOptions):  # pragma: no cover - the loader's contract
             raise ConfigError(f"fsdp_config in {WHERE} did not resolve to FSDP options.")
         if options.cpu_ram_efficient_loading:
-            from trainkit.engine.strategies.fsdp.pretrained_loading import load_on_rank0_only
+            from trainkit.engine import load_on_rank0_only
 
             load_on_rank0_only()  # arguments come before from_pretrained in a Trainer script
         return options
@@ -411,9 +411,9 @@ class TrainingArguments(ProcessAttributes, ArgumentSetters):
     def main_process_first(self, local: bool = True, desc: str = "work"):
         """A context in which the main process (of each machine when ``local``) runs first, e.g. to build a
         dataset cache the others then read; as in transformers."""
-        from trainkit.engine.process.state import ProcessState
+        from trainkit.engine import process_state
 
-        state = ProcessState.get(cpu=self.use_cpu or None)  # False = not set: the launcher may say --cpu
+        state = process_state(cpu=self.use_cpu or None)  # False = not set: the launcher may say --cpu
         logger.debug("%s: main process first (%s)", desc, "per machine" if local else "global")
         return state.local_main_process_first() if local else state.main_process_first()
 

@@ -1,7 +1,7 @@
 """Fields of older transformers releases that later ones dropped: accepted with the older meaning.
 
 transformers 5.1's ``TrainingArguments`` still has ``warmup_ratio``, ``group_by_length`` and ``logging_dir``; the
-newest release trainkit knows (:data:`~trainkit.trainer.argument_fields.NEWEST_KNOWN_TRANSFORMERS`) has replaced
+newest release trainkit knows (:data:`~trainkit.trainer.training_arguments.fields.NEWEST_KNOWN_TRANSFORMERS`) has replaced
 them. trainkit declares >= 5.1, so a script written against 5.1 runs after changing its import: each older field
 is mapped onto the one field (or tracker setting) that carries its concept now, with a one-line notice naming the
 mapping, and setting both spellings to different values is an error instead of one silently winning.

@@ -1,7 +1,7 @@
 """ZeRO stage 1 on torch: optimizer state sharded across ranks (a DeepSpeed config's ``zero_optimization.stage`` 1).
 
 Its own module because ``torch.distributed.optim`` is costly and noisy to import (it scripts functional
-optimizers with torch.jit); :func:`trainkit.engine.strategies.deepspeed.shard_optimizer_state` imports it only when
+optimizers with torch.jit); :func:`trainkit.engine.deepspeed.from_config.shard_optimizer_state` imports it only when
 a run asks for stage 1 on several processes.
 """
 

@@ -17,11 +17,10 @@ from typing import Any
 
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, parse_parallelism, resolve_engine_config
-from trainkit.config.errors import ConfigError
+from trainkit.config.errors import ConfigError, check_choice
 from trainkit.config.fsdp import FSDPOptions
 
-from trainkit.engine.api.configuration import deepspeed_plugin_settings, dynamo_from_arguments
-from trainkit.engine.parallel.pretrained import transformers_layout
+from trainkit.engine import deepspeed_plugin_settings, dynamo_from_arguments, transformers_layout
 
 from .arguments import FSDP_SHARDING_WORDS, TrainingArguments
 
@@ -32,7 +31,7 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
                                 model: Any = None) -> dict[str, Setting]:
     """The engine settings ``args`` sets (see the module docstring for what "set" means).
 
-    ``deepspeed_plugin`` is ``args.deepspeed`` already translated for the Trainer (trainer/deepspeed.py).
+    ``deepspeed_plugin`` is ``args.deepspeed`` already translated for the Trainer (trainer/training_arguments/deepspeed.py).
     """
     settings: dict[str, Setting] = {}
     if deepspeed_plugin is not None:
@@ -83,14 +82,11 @@ def accelerator_arguments(args: TrainingArguments, deepspeed_plugin: Any = None,
     sees TrainingArguments): the resolved ``engine_config``, DDP and process-group keywords, the DataLoader
     configuration, trackers and the checkpoint project.
 
-    ``accelerator.config`` then holds the resolved settings; the Trainer's loop opens each accumulation window
-    itself (``open_accumulation_window``) with ``config.gradient_accumulation_steps`` micro-batches, so the
-    engine's implicit windows (``accelerator.gradient_accumulation_steps``) stay one micro-batch long, as in
-    transformers.
+    ``accelerator.config`` then holds the resolved settings, the run's accumulation among them (one number, the
+    engine's: also ``accelerator.gradient_accumulation_steps``); the Trainer's loop opens each accumulation window
+    itself (``open_accumulation_window``) and says so to the engine (``caller_opens_accumulation_windows``).
     """
-    from trainkit.utils.dataclasses import ProjectConfiguration
-
-    from .wiring import engine_options
+    from trainkit.engine import ProjectConfiguration
 
     return {
         "engine_config": resolve_for_trainer(args, deepspeed_plugin, model),
@@ -104,3 +100,49 @@ def accelerator_arguments(args: TrainingArguments, deepspeed_plugin: Any = None,
 
 
 __all__ = ["accelerator_arguments", "resolve_for_trainer", "training_arguments_settings"]
+
+
+def engine_options(args: TrainingArguments) -> dict[str, Any]:
+    """Accelerator keyword arguments the ddp_* fields and accelerator_config decide."""
+    from trainkit.engine import (
+        DataLoaderConfiguration,
+        DistributedDataParallelKwargs,
+        GradientAccumulationPlugin,
+        InitProcessGroupKwargs,
+    )
+
+    ddp_fields = {"find_unused_parameters": args.ddp_find_unused_parameters, "bucket_cap_mb": args.ddp_bucket_cap_mb,
+                  "broadcast_buffers": args.ddp_broadcast_buffers, "static_graph": args.ddp_static_graph}
+    handlers: list[Any] = [InitProcessGroupKwargs(backend=args.ddp_backend, timeout=args.ddp_timeout_if_set)]
+    chosen: dict[str, Any] = {key: value for key, value in ddp_fields.items() if value is not None}
+    if chosen:
+        handlers.append(DistributedDataParallelKwargs(**chosen))
+    # The Trainer resumes at the exact next batch: its loader's position is restored, never replayed.
+    # transformers' Trainer shuffles with the seedable sampler (its accelerator_config default), from data_seed.
+    # data_seed None: the engine takes torch's initial seed, what the Trainer's set_seed(seed) left (Accelerate's rule).
+    data_config = DataLoaderConfiguration(data_seed=args.data_seed, use_stateful_dataloader=True,
+                                          use_seedable_sampler=True)
+    options: dict[str, Any] = {"kwargs_handlers": handlers, "dataloader_config": data_config}
+    config = _accelerator_config_dict(args.accelerator_config)
+    for key, value in config.items():
+        if key == "use_configured_state":
+            continue  # trainkit always reuses the process's existing state: what True asks for
+        if key == "gradient_accumulation_kwargs":  # read by TrainingArguments; only sync_each_batch reaches the engine
+            if (value or {}).get("sync_each_batch"):
+                options["gradient_accumulation_plugin"] = GradientAccumulationPlugin(num_steps=1, sync_each_batch=True)
+            continue
+        if not hasattr(data_config, key):
+            raise ValueError(f"accelerator_config[{key!r}] is not supported by this trainkit engine's DataLoaderConfiguration.")
+        setattr(data_config, key, value)
+    return options
+
+
+def _accelerator_config_dict(config: Any) -> dict[str, Any]:
+    """``args.accelerator_config`` (transformers' AcceleratorConfig, which a script may have changed since the
+    arguments were built) as a dict, checked again: an attribute set afterwards names a key too."""
+    from trainkit.trainer.training_arguments.checks import DATALOADER_KEYS, OTHER_ACCELERATOR_KEYS
+
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
+    for key in values:
+        check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where="TrainingArguments")
+    return values
