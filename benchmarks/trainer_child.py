@@ -1,7 +1,8 @@
 """One timed training run for trainer_loop.py: a hand-written loop, trainkit.Trainer or transformers.Trainer.
 
-Prints one JSON line: median steady-state step time and seconds from launch to the end of step one.
-Heavy imports happen inside each branch, so start-up time is what each loop really costs.
+Prints one JSON line: median steady-state step time, seconds from launch to the end of step one, and the CPU
+seconds this process used until then (user + system, all threads: much less sensitive to a loaded machine than
+the wall-clock figure). Heavy imports happen inside each branch, so start-up time is what each loop really costs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ import tempfile
 import time
 
 LAUNCH = float(os.environ.get("BENCH_LAUNCH_TIME", time.time()))
+FIRST_STEP_CPU: list[float] = []  # process CPU seconds at the end of step one
+
+
+def step_ended(ends: list[float]) -> None:
+    ends.append(time.time())
+    if not FIRST_STEP_CPU:
+        FIRST_STEP_CPU.append(time.process_time())
 
 
 def parse_args() -> argparse.Namespace:
@@ -67,7 +75,7 @@ def report(step_ends: list[float], first_step_end: float, global_batch: int, war
         return
     gaps = [b - a for a, b in zip(step_ends[warmup:], step_ends[warmup + 1:])]
     print(json.dumps({"step_s": statistics.median(gaps), "startup_s": first_step_end - LAUNCH,
-                      "global_batch": global_batch}), flush=True)
+                      "startup_cpu_s": FIRST_STEP_CPU[0], "global_batch": global_batch}), flush=True)
 
 
 def hand_written(args: argparse.Namespace) -> None:
@@ -100,7 +108,7 @@ def hand_written(args: argparse.Namespace) -> None:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
-            ends.append(time.time())
+            step_ended(ends)
             if len(ends) == total:
                 break
         epoch += 1
@@ -122,7 +130,7 @@ def with_trainer(args: argparse.Namespace) -> None:
 
     class StepClock(TrainerCallback):
         def on_step_end(self, *unused, **kwargs):
-            ends.append(time.time())
+            step_ended(ends)
 
     total = args.warmup + args.steps + 1
     training_args = TrainingArguments(

@@ -77,16 +77,19 @@ def main() -> None:
         order = loops[rep % len(loops):] + loops[: rep % len(loops)]
         for loop in order:
             results[loop].append(run_once(loop, args))
-    medians = {loop: (statistics.median(r["step_s"] for r in runs), statistics.median(r["startup_s"] for r in runs))
+    medians = {loop: (statistics.median(r["step_s"] for r in runs), statistics.median(r["startup_s"] for r in runs),
+                      statistics.median(r["startup_cpu_s"] for r in runs))
                for loop, runs in results.items()}
-    hand_step, hand_start = medians["hand_written"]
+    hand_step, hand_start, hand_cpu = medians["hand_written"]
     for loop, runs in results.items():
-        step, startup = medians[loop]
+        step, startup, startup_cpu = medians[loop]
         line = {
             "benchmark": "trainer_loop", "loop": loop, "workload": args.workload, "procs": args.procs,
             "bf16": args.bf16, "samples_per_s": round(runs[0]["global_batch"] / step, 1),
             "ratio_vs_hand_written": round(hand_step / step, 4), "startup_s": round(startup, 3),
-            "startup_delta_vs_hand_written_s": round(startup - hand_start, 3), "reps": args.reps,
+            "startup_delta_vs_hand_written_s": round(startup - hand_start, 3),
+            "startup_cpu_s": round(startup_cpu, 3), "startup_cpu_delta_vs_hand_written_s": round(startup_cpu - hand_cpu, 3),
+            "reps": args.reps,
             "steps": args.steps,
         }
         if "hand_written_tuned" in medians:

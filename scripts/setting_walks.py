@@ -141,7 +141,7 @@ WALKS = [
                                           "parse_parallelism", "ParallelismConfig.resolved")),
     Walk("async_save_trainer", "TrainingArguments(async_save=True, save_steps=1) -> Trainer.train (2 saves)",
          'train(trainer_args(WORK, async_save=True, save_strategy="steps", save_steps=1))', ("async_save",),
-         ("check_async_save_when_busy",)),
+         ("check_async_save_when_busy", "parse_async_save_when_busy", "parse_async_save")),
     Walk("resume_trainer", "Trainer.train(resume_from_checkpoint=True) after a 2-step run with a save",
          'PRE = lambda: train(trainer_args(WORK, save_strategy="steps", save_steps=2))\n'
          'train(trainer_args(WORK, save_strategy="steps", save_steps=2, max_steps=3), resume_from_checkpoint=True)',

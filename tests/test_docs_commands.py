@@ -57,6 +57,16 @@ SKIPPED: dict[str, str] = {
     "python -m pytest tests/ignore_each_field.py": "the ignore-one-field check: every field proof run with its field "
                                                    "ignored, 4-9 minutes; run by hand, not in CI",
     "python benchmarks/fsdp_step_memory.py --device cuda": "a benchmark on a GPU (docs/fsdp.md's figures for CUDA)",
+    # docs/cli.md: Accelerate's other commands, each run by tests/cli/test_accelerate_commands.py on local files
+    "trainkit test --config_file my.yaml": "my.yaml is a placeholder; tests/cli/test_cli_launch.py::"
+                                           "test_trainkit_test_runs_the_self_check_on_two_processes runs the command",
+    "trainkit estimate-memory bert-base-cased": "reads the model's config from the Hub (network); "
+                                                "test_estimate_memory_of_a_local_model_matches_the_built_model runs it "
+                                                "on a local folder",
+    "trainkit to-fsdp2 --config_file fsdp1.yaml": "fsdp1.yaml is a placeholder; "
+                                                  "test_to_fsdp2_rewrites_fsdp1_keys_and_trainkit_reads_the_same_sharding",
+    "trainkit tpu-config --tpu_name pod": "a Google Cloud TPU pod and gcloud; "
+                                          "test_tpu_config_prints_the_gcloud_command_from_flags runs the --debug form",
     # docs/clusters-ray.md: Ray is an optional extra, absent from the tests' default environment
     "pip install 'trainkit[ray]'": "installs Ray from the registry (network)",
     "python -m pytest tests/cluster/test_ray_train.py": "the Ray Train tests themselves (skipped without Ray)",

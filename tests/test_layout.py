@@ -25,6 +25,8 @@ ENGINE_FOLDERS = {
     "tracking": "experiment trackers: the GeneralTracker contract, one file per tracker, the registry",
     "deepspeed": "DeepSpeed configs on torch: placeholders, the optimizer and schedule a config names, ZeRO-1",
     "parallel": "N-D parallelism: the degrees' device mesh (ParallelDims), tensor-parallel plans, pretrained sharding",
+    "inference": "big-model inference: module hooks, device alignment and weight offload, the offload format, dispatch",
+    # ... and device-map planning (sizes, budgets, infer_auto_device_map) and loading checkpoints along a map
 }
 """Every sub-folder of ``trainkit/engine`` and what it holds (docs/architecture.md has the same map)."""
 
@@ -36,8 +38,8 @@ SEAMS = {
 }
 """Concepts that grow: a contract and a registry, so that a new implementation is one file and one entry."""
 
-ACCELERATE_PATH_SHIMS = {"trainkit", "trainkit.accelerator", "trainkit.big_modeling", "trainkit.data_loader", "trainkit.local_sgd", "trainkit.logging",
-                         "trainkit.optimizer", "trainkit.scheduler", "trainkit.state", "trainkit.tracking"}
+ACCELERATE_PATH_SHIMS = {"trainkit", "trainkit.accelerator", "trainkit.big_modeling", "trainkit.data_loader", "trainkit.hooks",
+                         "trainkit.local_sgd", "trainkit.logging", "trainkit.optimizer", "trainkit.scheduler", "trainkit.state", "trainkit.tracking"}
 """Top-level modules that exist because Accelerate scripts import them by these paths; with ``trainkit.utils``
 they re-export engine objects, so they (and the layers above the engine) are the only importers of the engine."""
 

@@ -27,7 +27,11 @@ _LAZY = {
     "find_executable_batch_size": "trainkit.utils.memory",
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
-    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
+    **{name: "trainkit.big_modeling" for name in (
+        "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model")},
+    "load_checkpoint_in_model": "trainkit.engine.inference.loading",
+    "infer_auto_device_map": "trainkit.engine.inference.device_map",
+    "load_checkpoint_and_dispatch": "trainkit.engine.inference.loading",
     "notebook_launcher": "trainkit.engine.process.launchers",
     "debug_launcher": "trainkit.engine.process.launchers",
     "ProcessState": "trainkit.engine.process.state",

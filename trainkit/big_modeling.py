@@ -1,16 +1,20 @@
-"""``accelerate.big_modeling``'s path: ``init_empty_weights`` and ``init_on_device`` work (building a model
-without memory is part of training); the dispatch and offload functions of big-model inference are named and
-refuse when used (see ``trainkit.utils.unsupported``)."""
+"""``accelerate.big_modeling``'s path: ``init_empty_weights`` and ``init_on_device`` (building a model without
+memory), and big-model inference: CPU/disk offload, ``dispatch_model`` and layerwise casting (implemented in
+:mod:`trainkit.engine.inference`). Names not implemented yet refuse when used (``trainkit.utils.unsupported``)."""
 
 from typing import Any
 
+from trainkit.engine.inference.dispatch import attach_layerwise_casting_hooks, cpu_offload, cpu_offload_with_hook
+from trainkit.engine.inference.dispatch import disk_offload, dispatch_model
+from trainkit.engine.inference.loading import load_checkpoint_and_dispatch
 from trainkit.utils.modeling import init_empty_weights, init_on_device
 from trainkit.utils.unsupported import refusing_module
 
-_REFUSED = ("attach_layerwise_casting_hooks", "cpu_offload", "cpu_offload_with_hook", "disk_offload",
-            "dispatch_model", "load_checkpoint_and_dispatch")
+_REFUSED: tuple[str, ...] = ()
 
 __all__ = ["init_empty_weights", "init_on_device", *_REFUSED]
+__all__ += ["attach_layerwise_casting_hooks", "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model"]
+__all__ += ["load_checkpoint_and_dispatch"]
 
 
 def _refuse_recurrent_layers_under_sequence_parallelism(model: Any) -> None:

@@ -10,7 +10,7 @@ accepts either class.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from trainkit.config.parallelism import ParallelismConfig as _ParallelismData
 
@@ -38,7 +38,9 @@ class ParallelismConfig(_ParallelismData):
         for dimensions, flat_name in ((self.dp_dim_names, "dp"), (self.dp_shard_cp_dim_names, "dp_shard_cp"),
                                       (self.dp_cp_dim_names, "dp_cp")):
             if dimensions:
-                built[tuple(dimensions)]._flatten(flat_name)
+                # the list the dim-name properties return, as Accelerate indexes (torch takes any sequence of
+                # names at run time; a script's stand-in mesh records what it was given)
+                built[cast(Any, dimensions)]._flatten(flat_name)
         return built
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:

@@ -66,7 +66,8 @@ class GradientState(metaclass=_SharedStateAlias):
         if accelerator is not None:
             return accelerator.gradient_state
         steps = getattr(gradient_accumulation_plugin, "num_steps", None) or 1
-        return _EngineGradientState(int(steps))
+        given = gradient_accumulation_plugin.to_kwargs() if gradient_accumulation_plugin is not None else {}
+        return _EngineGradientState(int(steps), plugin_options={k: v for k, v in given.items() if k != "num_steps"})
 
     @staticmethod
     def _reset_state() -> None:

@@ -55,7 +55,7 @@ def build_parser():
     parser.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision (also set by the launch config)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--logging_steps", type=int, default=10)
-    parser.add_argument("--report_to", default=None, help="trackers (default: tensorboard when installed, else none)")
+    parser.add_argument("--report_to", default=None, help="trackers (default: jsonl, and tensorboard when installed)")
     parser.add_argument("--output_dir", default="outputs/imdb")
     return parser
 
@@ -144,7 +144,7 @@ def train_and_evaluate(args, model, tokenizer, train_set, test_set, title="IMDB 
         eval_strategy="epoch",
         save_strategy="epoch",
         logging_steps=args.logging_steps,
-        report_to=args.report_to or ("tensorboard" if importlib.util.find_spec("tensorboard") else "none"),
+        report_to=args.report_to or ("jsonl,tensorboard" if importlib.util.find_spec("tensorboard") else "jsonl"),
         run_name="logs",  # metrics.jsonl (and TensorBoard files) go to output_dir/logs/
         seed=args.seed,
     )

@@ -64,7 +64,7 @@ def parse_args():
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--logging_steps", type=int, default=10)
-    parser.add_argument("--report_to", default=None, help="trackers (default: tensorboard when installed, else none)")
+    parser.add_argument("--report_to", default=None, help="trackers (default: jsonl, and tensorboard when installed)")
     parser.add_argument("--output_dir", default="outputs/mnist")
     return parser.parse_args()
 
@@ -97,7 +97,8 @@ def load_mnist(args):
 
 def main():
     args = parse_args()
-    report_to = args.report_to or ("tensorboard" if importlib.util.find_spec("tensorboard") else "none")
+    # The JSONL log (logs/metrics.jsonl), plus TensorBoard when installed.
+    report_to = args.report_to or ("jsonl,tensorboard" if importlib.util.find_spec("tensorboard") else "jsonl")
     training_args = TrainingArguments(
         output_dir=args.output_dir,
         num_train_epochs=args.epochs,

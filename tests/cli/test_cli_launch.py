@@ -176,3 +176,12 @@ def test_no_worker_survives_the_launcher_being_killed(tmp_path):
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_trainkit_test_runs_the_self_check_on_two_processes(tmp_path):
+    config = tmp_path / "two.yaml"
+    config.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\n")
+    result = trainkit("test", "--config_file", config, tmp_path=tmp_path, timeout=180)
+    assert result.returncode == 0, explain(result)
+    assert "trainkit test: 2 process(es), device cpu, distributed type MULTI_CPU" in result.stdout
+    assert result.stdout.count("all checks passed") == 1  # printed by the main process only

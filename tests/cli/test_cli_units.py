@@ -9,7 +9,8 @@ import pytest
 
 from trainkit.cli.config_flags import add_config_flags, flags_to_mapping
 from trainkit.cli.failures import describe_failure, exit_status
-from trainkit.cli.launch_command import add_arguments, torchrun_arguments, worker_environment
+from trainkit.cli.launch_command import add_arguments, torchrun_arguments
+from trainkit.cli.launch_steps import worker_environment
 from trainkit.cli.slurm import first_hostname, slurm_layer
 from trainkit.config import ConfigError, LaunchConfig
 

@@ -83,6 +83,26 @@ def test_gradient_state_reset_gives_a_fresh_state():
     assert GradientState() is second.gradient_state
 
 
+def test_gradient_state_plugin_kwargs_are_accelerates():
+    """``num_steps`` and the plugin fields given with other than their defaults, as Accelerate 1.15 answers (the
+    values below are its answers); transformers' Trainer reads ``sync_each_batch`` there."""
+    from trainkit.utils import GradientAccumulationPlugin
+
+    assert Accelerator(cpu=True).gradient_state.plugin_kwargs == {"num_steps": 1}
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    assert accelerator.gradient_state.plugin_kwargs == {"num_steps": 4}
+    accelerator.gradient_accumulation_steps = 5
+    assert accelerator.gradient_state.plugin_kwargs == {"num_steps": 5}
+    plugin = GradientAccumulationPlugin(num_steps=2, sync_each_batch=True)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_plugin=plugin)
+    assert accelerator.gradient_state.plugin_kwargs == {"num_steps": 2, "sync_each_batch": True}
+    accelerator.free_memory()
+    assert accelerator.gradient_state.plugin_kwargs == {"num_steps": 2, "sync_each_batch": True}
+    GradientState._reset_state()
+    assert GradientState(GradientAccumulationPlugin(num_steps=3, adjust_scheduler=False)).plugin_kwargs == {
+        "num_steps": 3, "adjust_scheduler": False}
+
+
 def test_distributed_type_is_settable_and_validated():
     accelerator = Accelerator(cpu=True)
     state = AcceleratorState()

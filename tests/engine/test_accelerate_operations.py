@@ -18,6 +18,10 @@ def test_recursively_apply_passes_extra_arguments_and_keeps_types():
     assert ops.recursively_apply(str.upper, ["a", 1], test_type=lambda v: isinstance(v, str)) == ["A", 1]
     with pytest.raises(TypeError, match="str"):
         ops.recursively_apply(lambda t: t, [torch.ones(1), "text"], error_on_other_type=True)
+    # The error names what was refused, the function and the type test the objects must pass.
+    with pytest.raises(TypeError) as refused:
+        ops.recursively_apply(torch.tensor, (torch.tensor(1), 1), error_on_other_type=True)
+    assert all(word in str(refused.value) for word in ("int", "tensor", "is_torch_tensor")), refused.value
 
 
 def test_send_to_device_leaves_skipped_keys_alone():

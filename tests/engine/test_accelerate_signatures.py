@@ -42,6 +42,8 @@ MODULES = [
     "accelerate", "accelerate.utils", "accelerate.state", "accelerate.data_loader", "accelerate.logging",
     "accelerate.tracking", "accelerate.local_sgd", "accelerate.utils.dataclasses", "accelerate.utils.operations",
     "accelerate.utils.constants", "accelerate.utils.random", "accelerate.optimizer", "accelerate.scheduler",
+    "accelerate.hooks", "accelerate.big_modeling", "accelerate.utils.offload",
+    "accelerate.utils.modeling",
 ]
 CLASSES_WITH_METHODS = [
     "accelerate.Accelerator", "accelerate.state.PartialState", "accelerate.state.AcceleratorState",
@@ -298,7 +300,7 @@ def test_the_comparison_covers_accelerate(record_property):
     for name, count in counts.items():
         record_property(name, count)
     logging.getLogger(__name__).info("compared %s", counts)
-    assert len(FUNCTIONS) > 300 and len(NOT_DRIVEN_ENTRIES) > 80 and len(CONSTANTS) > 40 and len(ENUMS) > 10
+    assert len(FUNCTIONS) > 300 and len(NOT_DRIVEN_ENTRIES) > 60 and len(CONSTANTS) > 40 and len(ENUMS) > 10
     assert len(METHODS) > 150
 
 

@@ -85,7 +85,7 @@ def test_load_checkpoint_in_model_reads_files_indexes_and_folders(tmp_path, capl
     assert any("were not used when" in record.getMessage() for record in caplog.records)
     with pytest.raises(RuntimeError, match="extra"):
         load_checkpoint_in_model(nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1)), tmp_path / "extra.pt", strict=True)
-    with pytest.raises(NotImplementedError, match="dispatch"):
+    with pytest.raises(ValueError, match="offload_folder"):  # a map with "disk" needs a folder to write to
         load_checkpoint_in_model(half, tmp_path, device_map={"0": "cpu", "1": "disk"})
 
 
@@ -235,10 +235,9 @@ def test_accelerate_module_paths_of_features_not_driven_import_and_refuse():
 
     with trainkit.big_modeling.init_empty_weights():
         assert nn.Linear(2, 2).weight.device.type == "meta"
-    for refused in (lambda: trainkit.hooks.ModelHook(), lambda: trainkit.big_modeling.dispatch_model(nn.Linear(1, 1)),
-                    lambda: trainkit.utils.bnb.replace_with_bnb_layers(None, None),
-                    lambda: trainkit.utils.launch.prepare_multi_gpu_env(None),
-                    lambda: trainkit.utils.offload.offload_weight(None, "w", "folder")):
+    assert trainkit.hooks.ModelHook and trainkit.utils.offload.offload_weight  # big-model inference: real names
+    for refused in (lambda: trainkit.utils.bnb.replace_with_bnb_layers(None, None),
+                    lambda: trainkit.utils.launch.prepare_multi_gpu_env(None)):
         with pytest.raises(NotImplementedError, match="trainkit"):
             refused()
     assert compute_module_sizes(nn.Linear(1, 1))[""] == 8
@@ -289,6 +288,37 @@ def test_build_device_mesh_makes_accelerates_mesh_with_its_flattened_views():
         dist.destroy_process_group()
     with pytest.raises(ValueError, match="pass the device_type"):
         ParallelismConfig().get_device_mesh()
+
+
+def test_build_device_mesh_flattens_with_the_configs_own_name_lists(monkeypatch):
+    """Scripts stand in for torch's mesh to see what is flattened (Accelerate's own test does): each view is taken
+    with the list the config's ``*_dim_names`` property returns, as Accelerate indexes, in the order dp,
+    dp_shard_cp, dp_cp. CPU only, no process group."""
+    from torch.distributed import device_mesh
+
+    from trainkit.parallelism_config import ParallelismConfig
+
+    flattened: list[tuple[object, str]] = []
+
+    class RecordingMesh:
+        def __init__(self, names):
+            self.names = names
+
+        def __getitem__(self, names):
+            outer = self
+
+            class View:
+                def _flatten(self, flat_name):
+                    flattened.append((names, flat_name))
+                    return outer
+            return View()
+
+    monkeypatch.setattr(device_mesh, "init_device_mesh", lambda kind, shape, mesh_dim_names: RecordingMesh(mesh_dim_names))
+    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, cp_size=2)
+    config.build_device_mesh("cpu")
+    assert flattened == [(config.dp_dim_names, "dp"), (config.dp_shard_cp_dim_names, "dp_shard_cp"),
+                         (config.dp_cp_dim_names, "dp_cp")]
+    assert all(type(names) is type(config.dp_dim_names) for names, _ in flattened)
 
 
 def test_recurrent_layers_refused_under_sequence_parallelism_at_accelerates_path():

@@ -71,10 +71,47 @@ def test_is_port_in_use_sees_a_listening_socket():
         assert utils.is_port_in_use(server.getsockname()[1]) is True
 
 
-def test_compile_regions_compiles_each_repeated_block_in_place():
-    model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(3)]))
-    assert utils.compile_regions(model, backend="eager") is model
-    assert all(block._compiled_call_impl is not None for block in model[0])
+class _Stack(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(3)])
+        self.head = torch.nn.Linear(2, 1)
+
+    def forward(self, x):
+        self.seen_by = self.name
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_compile_regions_returns_a_twin_whose_blocks_are_compiled_as_accelerates():
+    from types import MethodType
+
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    model = _Stack()
+    model.name = "original"
+    model.forward = MethodType(lambda self, x: type(self).forward(self, x), model)  # a forward bound to the instance
+    twin = utils.compile_regions(model, backend="eager")
+    twin.name = "twin"
+    assert twin is not model and type(twin) is _Stack
+    assert all(isinstance(block, OptimizedModule) for block in twin.blocks) and isinstance(twin.head, OptimizedModule)
+    assert not any(isinstance(block, OptimizedModule) for block in model.modules())  # the original stays as it was
+    assert twin.__dict__["forward"].__self__ is twin
+    x = torch.randn(4, 2)
+    assert torch.equal(twin(x), model(x)) and twin.seen_by == "twin" and model.seen_by == "original"
+    assert twin.blocks[0]._orig_mod.weight is model.blocks[0].weight  # one set of parameters
+    assert utils.extract_model_from_parallel(twin, keep_torch_compile=False) is model
+    assert utils.extract_model_from_parallel(twin) is twin  # keep_torch_compile=True, the default
+    whole = torch.nn.Linear(2, 2)
+    assert isinstance(utils.compile_regions(whole, backend="eager"), OptimizedModule)  # no repeated blocks: whole
+
+
+def test_compile_regions_deepspeed_compiles_in_place():
+    model = _Stack()
+    assert utils.compile_regions_deepspeed(model, backend="eager") is None
+    assert all(block._compiled_call_impl is not None for block in model.blocks)
+    assert model.head._compiled_call_impl is not None
 
 
 @pytest.mark.parametrize("name, hint", [("write_basic_config", "trainkit config --default"),

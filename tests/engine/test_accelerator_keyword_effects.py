@@ -99,11 +99,11 @@ def p_log_with(tmp_path):
     accelerator.init_trackers("run")
     accelerator.log({"loss": 1.0}, step=1)
     accelerator.end_training()
-    assert list(tmp_path.rglob("events.out.tfevents*"))  # default: the JSONL log only
+    assert list(tmp_path.rglob("events.out.tfevents*"))  # without log_with: no tracker, no file
 
 
 def p_project_dir(tmp_path):
-    accelerator = Accelerator(cpu=True, project_dir=str(tmp_path / "project"))
+    accelerator = Accelerator(cpu=True, project_dir=str(tmp_path / "project"), log_with="jsonl")
     accelerator.init_trackers("run")
     accelerator.log({"loss": 1.0}, step=1)
     accelerator.end_training()

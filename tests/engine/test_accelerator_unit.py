@@ -82,13 +82,32 @@ def test_set_seed_makes_draws_repeat():
 
 
 def test_jsonl_tracker_records_every_log(tmp_path):
-    accelerator = Accelerator(project_dir=tmp_path)
+    accelerator = Accelerator(project_dir=tmp_path, log_with="jsonl")
     accelerator.init_trackers("run", config={"lr": 0.1})
     accelerator.log({"loss": torch.tensor(0.5), "lr": 0.1}, step=3)
     accelerator.end_training()
     record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text())
     assert record["step"] == 3 and record["loss"] == 0.5
     assert json.loads((tmp_path / "run" / "config.json").read_text()) == {"lr": 0.1}
+
+
+def test_no_tracker_file_unless_one_is_named(tmp_path, monkeypatch):
+    """As Accelerate: without log_with, init_trackers and log write nothing (no runs/ folder in the working directory
+    either); with log_with="tensorboard" the run's folder holds TensorBoard's files only."""
+    monkeypatch.chdir(tmp_path)
+    accelerator = Accelerator(project_dir=tmp_path / "project")
+    accelerator.init_trackers("run", config={"lr": 0.1})
+    accelerator.log({"loss": 0.5}, step=1)
+    accelerator.end_training()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="jsonl"):
+        Accelerator(log_with="jsonl")  # a tracker that writes files needs a folder, as Accelerate's TensorBoard does
+    pytest.importorskip("tensorboard", reason="the TensorBoard half needs the optional tensorboard package")
+    accelerator = Accelerator(project_dir=tmp_path / "project", log_with="tensorboard")
+    accelerator.init_trackers("run")
+    accelerator.log({"loss": 0.5}, step=1)
+    accelerator.end_training()
+    assert all(path.name.startswith("events.out.tfevents") for path in (tmp_path / "project" / "run").iterdir())
 
 
 def test_prepare_keeps_order_and_returns_one_object_for_one_argument():

@@ -36,7 +36,7 @@ def test_meta_needs_a_value_and_shapes_must_match():
     assert model[0].weight.device.type == "meta"
     with pytest.raises(ValueError, match="meta device"):
         set_module_tensor_to_device(model, "0.weight", "cpu")
-    with pytest.raises(ValueError, match=r"shape \(2, 2\).*\(4, 3\)"):
+    with pytest.raises(ValueError, match=r"weight: .*shape \(2, 2\).* \(4, 3\)"):  # the name and both shapes
         set_module_tensor_to_device(model, "0.weight", "cpu", value=torch.zeros(2, 2))
     with pytest.raises(ValueError, match="'nope'"):
         set_module_tensor_to_device(model, "1.nope", "cpu")

@@ -126,7 +126,7 @@ def test_group_by_length_of_transformers_5_1_is_the_length_grouped_sampler(tmp_p
 def test_logging_dir_of_transformers_5_1_is_where_tensorboard_writes(tmp_path):
     """CPU: logging_dir (5.1's name) is the folder of the TensorBoard event files; the JSONL log stays in output_dir."""
     pytest.importorskip("tensorboard", reason="report_to='tensorboard' needs the optional tensorboard package")
-    args = _args(tmp_path / "out", report_to="tensorboard", logging_dir=str(tmp_path / "tb"))
+    args = _args(tmp_path / "out", report_to=["tensorboard", "jsonl"], logging_dir=str(tmp_path / "tb"))
     Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(8)).train()
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tb"))
     assert (tmp_path / "out" / "logs" / "metrics.jsonl").exists()

@@ -72,7 +72,7 @@ def _open_files_under(folder: str) -> list[str]:
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts file descriptors through /proc (Linux)")
-@pytest.mark.parametrize("report_to", ["none", *[n for n in INSTALLED if n == "tensorboard"]])
+@pytest.mark.parametrize("report_to", ["jsonl", *[["jsonl", n] for n in INSTALLED if n == "tensorboard"]])
 def test_evaluate_after_train_leaves_no_tracker_file_open(tmp_path, report_to):
     output_dir = str(tmp_path / "out")
     with warnings.catch_warnings(record=True) as caught:

@@ -67,11 +67,21 @@ def test_save_state_writes_trainer_state_where_transformers_does(tmp_path):
 def test_the_metrics_log_is_not_nested_in_a_folder_named_like_output_dir(tmp_path, monkeypatch):
     """A relative output_dir ("out", as in transformers' examples) used to give out/out/metrics.jsonl."""
     monkeypatch.chdir(tmp_path)
-    Trainer(model=EchoModel(), args=_args(Path("out")), train_dataset=IndexDataset()).train()
+    Trainer(model=EchoModel(), args=_args(Path("out"), report_to="jsonl"), train_dataset=IndexDataset()).train()
     assert (tmp_path / "out" / "logs" / "metrics.jsonl").is_file()
     assert not (tmp_path / "out" / "out").exists()
-    Trainer(model=EchoModel(), args=_args(Path("out"), run_name="named"), train_dataset=IndexDataset()).train()
+    Trainer(model=EchoModel(), args=_args(Path("out"), run_name="named", report_to="jsonl"),
+            train_dataset=IndexDataset()).train()
     assert (tmp_path / "out" / "named" / "metrics.jsonl").is_file()
+
+
+def test_the_default_report_to_writes_no_file_transformers_would_not(tmp_path):
+    """report_to="none" (transformers' default): output_dir holds what transformers' Trainer writes there, no
+    trainkit log; the metrics are in state.log_history and trainer_state.json, as transformers keeps them."""
+    trainer = Trainer(model=EchoModel(), args=_args(tmp_path / "out", report_to="none"), train_dataset=IndexDataset())
+    trainer.train()
+    assert not (tmp_path / "out" / "logs").exists()
+    assert any("loss" in entry for entry in trainer.state.log_history)
 
 
 def test_throughput_goes_to_the_metrics_log_not_to_log_history(tmp_path):
@@ -79,7 +89,7 @@ def test_throughput_goes_to_the_metrics_log_not_to_log_history(tmp_path):
     measures are in metrics.jsonl, on the same line as the step's loss."""
     import json
 
-    trainer = Trainer(model=EchoModel(), args=_args(tmp_path / "out"), train_dataset=IndexDataset())
+    trainer = Trainer(model=EchoModel(), args=_args(tmp_path / "out", report_to="jsonl"), train_dataset=IndexDataset())
     trainer.train()
     steps = [entry for entry in trainer.state.log_history if "loss" in entry]
     assert len(steps) == 2 and all(set(entry) == {"loss", "grad_norm", "learning_rate", "epoch", "step"}

@@ -187,8 +187,9 @@ def test_push_to_hub_without_network_fails_at_construction(tmp_path, monkeypatch
         Trainer(model=EchoModel(), args=_args(tmp_path, push_to_hub=True, hub_model_id="me/model"))
 
 
-def test_jsonl_log_is_always_written(tmp_path):
-    trainer = Trainer(model=EchoModel(), args=_args(tmp_path, num_train_epochs=1), train_dataset=IndexDataset(4))
+def test_jsonl_log_is_written_when_named(tmp_path):
+    args = _args(tmp_path, num_train_epochs=1, report_to="jsonl")
+    trainer = Trainer(model=EchoModel(), args=args, train_dataset=IndexDataset(4))
     trainer.train()
     logs = [os.path.join(root, f) for root, _, files in os.walk(trainer.args.output_dir) for f in files if f.endswith(".jsonl")]
     assert logs, os.listdir(trainer.args.output_dir)

@@ -138,8 +138,8 @@ def test_listed_callbacks_are_transformers_and_the_log_files_are_still_written(t
     class Mine(TrainerCallback):
         pass
 
-    trainer = Trainer(model=EchoModel(), args=_args(tmp_path, run_name="run"), train_dataset=IndexDataset(8),
-                      callbacks=[Mine])
+    trainer = Trainer(model=EchoModel(), args=_args(tmp_path, run_name="run", report_to="jsonl"),
+                      train_dataset=IndexDataset(8), callbacks=[Mine])
     names = [type(callback).__name__ for callback in trainer.callback_handler.callbacks]
     import transformers
 

@@ -1,8 +1,10 @@
 """The configuration flags shared by `trainkit launch` and `trainkit config`, and their resolution.
 
-Flags carry Accelerate's names. Every flag defaults to None so that only the flags a user typed become
-the top layer of the resolution: defaults < default config file < --config_file < the cluster's
-environment (torchrun's PET_* and MASTER_ADDR/MASTER_PORT, Kubeflow) < SLURM (under srun) < flags.
+Flags carry Accelerate's names and, where Accelerate's launcher has the flag, its parser default
+(:data:`ACCELERATE_DEFAULTS`: ``--multi_gpu`` reads False when not typed); the others default to None. Only the
+flags a user typed (``typed_flags``) become the top layer of the resolution: defaults < default config file <
+--config_file < the cluster's environment (torchrun's PET_* and MASTER_ADDR/MASTER_PORT, Kubeflow) < SLURM (under
+srun) < flags.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from trainkit.config.fsdp import ALIASES as FSDP_ALIASES
 from .slurm import slurm_layer
 from .torchrun_env import torchrun_env_layers
 from .torchrun_flags import torchrun_layers
+from .typed_flags import record_typed_flags, was_typed
 
 FLAG_SOURCE = "flag"
 # Accelerate's launcher flags with other spellings of an FSDP option (config.fsdp.ALIASES), and its
@@ -39,10 +42,29 @@ _DEEPSPEED_FLAGS = {key: option.help for key, option in DEEPSPEED_YAML_OPTIONS.i
 # torch.compile flags (Accelerate's): they fill the launch config's ``dynamo_config`` block (declared in
 # config/dynamo.py).
 _DYNAMO_FLAGS = {key: option.help for key, option in DYNAMO_OPTIONS.items()}
+_FSDP_DEFAULTS = {"activation_checkpointing": "false", "cpu_ram_efficient_loading": "true", "forward_prefetch": "false",
+                  "min_num_params": 100_000_000, "offload_params": "false", "reshard_after_forward": "true",
+                  "sharding_strategy": "FULL_SHARD", "sync_module_states": "true", "use_orig_params": "true",
+                  "version": "1"}
+_PARALLELISM_DEFAULTS = {"cp_backend": "torch", "cp_comm_strategy": "allgather", "cp_size": 1,
+                         "dp_replicate_size": 1, "dp_shard_size": 1, "sp_attn_implementation": "sdpa",
+                         "sp_backend": "deepspeed", "sp_seq_length_is_variable": True, "sp_size": 1, "tp_size": 1}
+ACCELERATE_DEFAULTS: dict[str, Any] = {
+    **dict.fromkeys(("use_cpu", "multi_gpu", "use_deepspeed", "use_fsdp", "same_network",
+                     "use_parallelism_config", "dynamo_use_fullgraph", "dynamo_use_dynamic",
+                     "dynamo_use_regional_compilation"), False),
+    "dynamo_mode": "default", "max_restarts": 0, "monitor_interval": 0.1, "rdzv_backend": "static", "rdzv_conf": "",
+    **{f"fsdp_{name}": value for name, value in _FSDP_DEFAULTS.items()},
+    **{PARALLELISM_PREFIX + name: value for name, value in _PARALLELISM_DEFAULTS.items()},
+}
+"""What ``accelerate launch``'s parser reads for its flags when they are not typed (a test compares this with the
+installed Accelerate's parser). Not typed, they never reach the resolution: the config file or trainkit's own
+default decides."""
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Add every flag that sets a config key (shared by `launch` and `config`)."""
+    first = len(parser._actions)
     group = parser.add_argument_group("configuration (override the config file)")
     group.add_argument("--config_file", default=None, help=f"YAML or JSON config file (default: {default_config_path()}).")
     for name, option in _PLAIN_FLAGS.items():
@@ -80,6 +102,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         # the script path in `--fsdp_offload_params train.py`. Values stay text: the config layer validates them.
         fsdp.add_argument(f"--fsdp_{name}", type=str, default=None, metavar="VALUE",
                           help=_fsdp_help(name))
+    added = parser._actions[first:]
+    for action in added:
+        action.default = ACCELERATE_DEFAULTS.get(action.dest, action.default)
+    record_typed_flags(parser, added)
 
 
 def _fsdp_help(name: str) -> str:
@@ -92,40 +118,38 @@ def _fsdp_help(name: str) -> str:
 
 
 def flags_to_mapping(args: argparse.Namespace) -> dict[str, Any]:
-    """The config keys the user set on the command line (None = not typed), as one layer."""
-    mapping: dict[str, Any] = {}
-    for name in _PLAIN_FLAGS:
-        value = getattr(args, name, None)
-        if value is not None:
-            mapping[name] = value
+    """The config keys the user typed on the command line (``typed_flags``), as one layer."""
+    def typed(name: str) -> bool:
+        return was_typed(args, name, ACCELERATE_DEFAULTS.get(name))
+
+    mapping: dict[str, Any] = {name: getattr(args, name) for name in _PLAIN_FLAGS if typed(name)}
     for name in ("use_cpu", "debug", "same_network"):
-        if getattr(args, name, None):
+        if typed(name) and getattr(args, name):
             mapping[name] = True
-    if getattr(args, "multi_gpu", None):
+    if typed("multi_gpu") and args.multi_gpu:
         mapping["distributed_type"] = "MULTI_GPU"
-    deepspeed = {name: getattr(args, name) for name in _DEEPSPEED_FLAGS if getattr(args, name, None) is not None}
-    if getattr(args, "use_deepspeed", None) or deepspeed:
+    deepspeed = {name: getattr(args, name) for name in _DEEPSPEED_FLAGS if typed(name)}
+    if (typed("use_deepspeed") and args.use_deepspeed) or deepspeed:
         mapping["distributed_type"] = "DEEPSPEED"
     if deepspeed:
         mapping["deepspeed_config"] = deepspeed
-    dynamo = {name: getattr(args, name) for name in _DYNAMO_FLAGS if getattr(args, name, None) is not None}
+    dynamo = {name: getattr(args, name) for name in _DYNAMO_FLAGS if typed(name)}
     if dynamo:
         mapping["dynamo_config"] = dynamo
     for block, (_, declaration) in option_blocks().items():
         given = {name: getattr(args, declaration.flag_prefix + name) for name in declared_options(declaration.options)
-                 if getattr(args, declaration.flag_prefix + name, None) is not None}
+                 if typed(declaration.flag_prefix + name)}
         if given:
             mapping[block] = given
     parallelism = {PARALLELISM_PREFIX + name: getattr(args, PARALLELISM_PREFIX + name) for name in PARALLELISM_OPTIONS
-                   if getattr(args, PARALLELISM_PREFIX + name, None) is not None}
+                   if typed(PARALLELISM_PREFIX + name)}
     if parallelism:
         mapping["parallelism_config"] = parallelism
     fsdp_options = {}
     for name in FSDPOptions.field_names() + list(_EXTRA_FSDP_FLAGS):
-        value = getattr(args, f"fsdp_{name}", None)
-        if value is not None:
-            fsdp_options[f"fsdp_{name}"] = value
-    if getattr(args, "use_fsdp", None) or fsdp_options:
+        if typed(f"fsdp_{name}"):
+            fsdp_options[f"fsdp_{name}"] = getattr(args, f"fsdp_{name}")
+    if (typed("use_fsdp") and args.use_fsdp) or fsdp_options:
         mapping["distributed_type"] = "FSDP"
     if fsdp_options:
         mapping["fsdp_config"] = fsdp_options

@@ -1,7 +1,8 @@
 """`trainkit launch`: resolve the config, hand it to the workers, start them through torchrun.
 
-One process on one machine is a plain ``exec`` of the script (no agent, no rendezvous), unless a setting
-only torchrun's agent acts on is given (``--tee``, ``--log_dir``, restarts, ...: see ``launch_settings``).
+The steps before anything starts are in ``launch_steps`` (Accelerate's ``_validate_launch_command`` and
+``prepare_simple_launcher_cmd_env``). One process on one machine is a plain ``exec`` of the script (no agent, no
+rendezvous), unless a setting only torchrun's agent acts on is given (``--tee``, ``--log_dir``, restarts, ...: see ``launch_settings``).
 Everything else runs ``torch.distributed.run`` in this process, each worker through
 ``python -m trainkit.cli.worker`` (dies with this launcher, records its exception for the summary).
 """
@@ -9,26 +10,25 @@ Everything else runs ``torch.distributed.run`` in this process, each worker thro
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
+import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from trainkit.config import LAUNCH_CONFIG_ENV, LaunchConfig, write_launch_handoff
+from trainkit.config import LaunchConfig
 from trainkit.config.preemption import PREEMPTION_REPORT_ENV
 
 from .config_flags import add_config_flags, config_layers, resolve_config
 from .launch_settings import agent_settings_given, no_effect_notice
+from .launch_steps import _validate_launch_command, launch_environment, prepare_simple_launcher_cmd_env
 from .signal_relay import SignalRelay, can_find_children
 from .torchrun_compat import SignalPlan, installed_torchrun_options, plan_signals, unknown_options
 from .torchrun_env import override_notice, undecidable_notice
 from .torchrun_flags import add_torchrun_flags
-from .worker import LAUNCHER_PID_ENV
 
 HELP = "Launch a training script on N processes (torchrun underneath), with Accelerate's flags and config files."
+DESCRIPTION = HELP + "\nEvery --flag_name also takes its hyphen spelling (--num-processes for --num_processes)."
 DEFAULT_MULTI_MACHINE_PORT = 29500
 
 
@@ -46,9 +46,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments for the script.")
 
 
-def run(args: argparse.Namespace) -> int:
-    """Resolve, then exec (one process) or run torchrun (several); returns the exit status."""
-    config = resolve_config(args)
+def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
+    """Accelerate's name for this command's parser (``trainkit launch``'s own)."""
+    from .command_parser import command_parser
+
+    return command_parser("launch", sys.modules[__name__], subparsers)
+
+
+def launch_command(args: argparse.Namespace) -> None:
+    """Accelerate's Python entry point: launch as ``trainkit launch`` does, from a caller that keeps running.
+
+    One process runs as a child (not ``exec``: the caller stays); the launch's variables are set for the workers
+    only (this process's environment is restored after). A bad config raises ConfigError (a ValueError) before
+    anything starts; a failed run raises ``subprocess.CalledProcessError``.
+    """
+    saved = dict(os.environ)
+    try:
+        status = run(args, replace_process=False)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if status:
+        raise subprocess.CalledProcessError(status, ["trainkit", "launch", args.training_script])
+
+
+def run(args: argparse.Namespace, *, replace_process: bool = True) -> int:
+    """Resolve, then exec (one process) or run torchrun (several); returns the exit status.
+
+    ``replace_process=False``: one process runs as a child instead of replacing this one (:func:`launch_command`).
+    """
+    args, config, _ = _validate_launch_command(args)
     if not args.module and not Path(args.training_script).is_file():
         print(f"trainkit launch: error: script {args.training_script!r} not found "
               "(use -m for a module name).", file=sys.stderr)
@@ -72,11 +99,9 @@ def run(args: argparse.Namespace) -> int:
     for notice in notices:
         if notice:
             print(notice, file=sys.stderr)
-    handoff = write_launch_handoff(config, _handoff_path(config))
-    environment = worker_environment(config, handoff)
-    os.environ.update(environment)
     if single:
-        _exec_single_process(args)  # does not return
+        return _run_single_process(args, replace_process)  # with replace_process, does not return
+    os.environ.update(launch_environment(config))
     return _run_torchrun(config, args)
 
 
@@ -100,41 +125,14 @@ def _check_gpus(config: LaunchConfig, torch: Any) -> None:
     check_processes_fit_gpus(config.processes_per_machine, visible, where="trainkit launch")
 
 
-def _handoff_path(config: LaunchConfig) -> Path:
-    """One small file per distinct config, reused by identical launches (nothing to clean up)."""
-    payload = json.dumps([config.to_dict(full=True), config.provenance], sort_keys=True).encode()
-    folder = Path(tempfile.gettempdir()) / f"trainkit-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return folder / f"launch-{hashlib.sha256(payload).hexdigest()[:16]}.json"
-
-
-def worker_environment(config: LaunchConfig, handoff: Path) -> dict[str, str]:
-    """Variables every worker needs: the hand-off file, threads, debug checks, visible GPUs."""
-    environment = {LAUNCH_CONFIG_ENV: str(handoff), LAUNCHER_PID_ENV: str(os.getpid())}
-    threads = config.num_cpu_threads_per_process
-    if threads is None and "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        threads = max(1, cores // config.processes_per_machine)
-    if threads is not None:
-        environment["OMP_NUM_THREADS"] = str(threads)
-    if config.debug:
-        # gloo and nccl wrap every collective in a check that all ranks call the same one.
-        environment["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    if config.gpu_ids not in (None, "all"):
-        environment["CUDA_VISIBLE_DEVICES"] = config.gpu_ids
-    return environment
-
-
-def _exec_single_process(args: argparse.Namespace) -> None:
-    command = [sys.executable]
-    if args.module:
-        command += ["-m", args.training_script]
-    else:
-        command.append(args.training_script)
-    command += list(args.training_script_args)
+def _run_single_process(args: argparse.Namespace, replace_process: bool) -> int:
+    command, environment = prepare_simple_launcher_cmd_env(args)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, command)
+    if not replace_process:
+        return subprocess.run(command, env=environment).returncode
+    os.execve(sys.executable, command, environment)
+    raise AssertionError("os.execve returned")
 
 
 def signal_plan(config: LaunchConfig, options: frozenset[str] | None = None) -> SignalPlan:

@@ -1,7 +1,7 @@
 """The `trainkit` entry point: dispatches to one small module per command.
 
-A command module defines ``HELP`` (one line), ``add_arguments(parser)`` and ``run(args) -> int``, and
-must not import torch at module level (``trainkit --help`` stays fast). Adding a command is one line
+A command module defines ``HELP`` (one line; ``DESCRIPTION`` for a longer ``--help`` text),
+``add_arguments(parser)`` and ``run(args) -> int``, and must not import torch at module level (``trainkit --help`` stays fast). Adding a command is one line
 in :data:`COMMANDS`; a listed module that does not exist yet is simply not offered.
 """
 
@@ -13,13 +13,17 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from .flag_spellings import accept_hyphen_spellings
+from .command_parser import command_parser
 
 COMMANDS: dict[str, str] = {
     "config": "trainkit.cli.config_command",
     "launch": "trainkit.cli.launch_command",
     "env": "trainkit.cli.env_command",
     "merge-weights": "trainkit.cli.merge_weights",
+    "test": "trainkit.cli.test_command",
+    "to-fsdp2": "trainkit.cli.to_fsdp2_command",
+    "tpu-config": "trainkit.cli.tpu_command",
+    "estimate-memory": "trainkit.cli.estimate_command",
 }
 
 
@@ -43,11 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = _load_command(module_name)
         if module is None:
             continue
-        sub = subparsers.add_parser(name, help=module.HELP, description=module.HELP,
-                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-        module.add_arguments(sub)
-        accept_hyphen_spellings(sub)
-        sub.set_defaults(_command_module=module)
+        command_parser(name, module, subparsers)
     return parser
 
 

@@ -94,8 +94,10 @@ def _argparse_dest(options: tuple[str, ...]) -> str:
 
 def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
     """Register torchrun's spellings that ``parser`` does not already have (an identical option string is already
-    the same setting under Accelerate's name, e.g. ``--max_restarts``)."""
+    the same setting under Accelerate's name, e.g. ``--max_restarts``). A torchrun spelling that is only the hyphen
+    form of such a flag (``--max-restarts``) is accepted but not listed in the help, as no hyphen spelling is."""
     taken = {option for action in parser._actions for option in action.option_strings}
+    hyphen_forms = {"--" + option[2:].replace("_", "-") for option in taken if option.startswith("--")}
     _REGISTERED.clear()
     group = parser.add_argument_group(
         "torchrun's spellings", "Each sets the setting named in its help; torchrun's other options are refused "
@@ -107,7 +109,9 @@ def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
         _REGISTERED[dest] = tuple(free)
         target = SETTINGS.get(dest) or ARGUMENTS.get(dest)
         text = f"torchrun's spelling of --{target}." if target else argparse.SUPPRESS
-        if dest == "standalone":
+        if set(free) <= hyphen_forms:
+            text = argparse.SUPPRESS
+        elif dest == "standalone":
             text = "torchrun's one-machine job (a local rendezvous): --num_machines 1."
         elif dest == "nproc_per_node":
             text = "torchrun's processes per machine (an integer, auto, cpu or gpu): num_processes = nnodes x this."

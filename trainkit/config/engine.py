@@ -18,7 +18,8 @@ Adding a source: write a function ``LaunchConfig -> dict[str, Setting]`` and add
 the explicit settings where the engine builds them (``trainkit.engine.accelerator_parts.configuration``). Adding a key: a
 field below declared with an :class:`~trainkit.config.options.Option` (its parser comes with it); a key the
 launcher also takes shares the launch config's ``Option`` (``config/engine_options.py``) and is handed over by
-that alone.
+that alone; the ``Option`` also names its ``Accelerator(...)`` keyword and ``TrainingArguments`` fields, which both
+mappings read (``Keyword``).
 No torch here.
 """
 

@@ -27,6 +27,38 @@ OPTION = "trainkit.option"
 
 
 @dataclasses.dataclass(frozen=True)
+class Keyword:
+    """A name a Python surface gives an option: an ``Accelerator(...)`` keyword or a ``TrainingArguments`` field.
+
+    The surfaces loop over the declarations (``engine/accelerator_parts/configuration.py``,
+    ``trainer/training_arguments/engine_settings.py``): a keyword given a value other than "not set" is an
+    explicit setting of its option, with the provenance ``"<owner>(<shown>)"``.
+    """
+
+    name: str
+    """The keyword or field name (``cpu``, ``bf16``, ``ddp_timeout``)."""
+    shown: str = ""
+    """How provenance writes it between the parentheses; empty: ``"<name>="``."""
+    owner: str = ""
+    """The object provenance names when it is not the surface itself (``InitProcessGroupKwargs`` for ``timeout``)."""
+    unset: tuple[Any, ...] = ()
+    """Values that also mean "not set", besides the surface's own rule (an ``Accelerator`` keyword left at None,
+    a ``TrainingArguments`` field at transformers' default): ``gradient_accumulation_steps=1``, Accelerate's
+    default, which scripts pass through from their own argparse defaults."""
+    convert: Callable[[Any], Any] | None = None
+    """The given value as the option's value (a ``timedelta`` in seconds, ``bf16=True`` as ``"bf16"``); None: as given."""
+
+    def is_unset(self, value: Any, default: Any = None) -> bool:
+        """Whether ``value`` asks for nothing (``default``: the surface's own "not given")."""
+        return value is None or value == default or any(value == other for other in self.unset)
+
+    def setting(self, value: Any, surface: str) -> tuple[Any, str]:
+        """``(option value, provenance)`` for ``value`` given to this keyword of ``surface``."""
+        shown = self.shown or f"{self.name}="
+        return (self.convert(value) if self.convert else value), f"{self.owner or surface}({shown})"
+
+
+@dataclasses.dataclass(frozen=True)
 class Option:
     """One setting, declared once: the single source of its default, help, choices, parser and other names."""
 
@@ -44,6 +76,10 @@ class Option:
     """How argparse reads the flag's text (``int`` fails at the command line; ``str`` leaves it to :attr:`parse`)."""
     env: tuple[str, ...] = ()
     """Environment variables that set it where no flag does (torchrun's ``PET_*``), lowest first."""
+    accelerator: Keyword | None = None
+    """The ``Accelerator(...)`` keyword that sets it explicitly (None: no keyword does)."""
+    training_arguments: tuple[Keyword, ...] = ()
+    """The ``TrainingArguments`` fields that set it (a field at transformers' default is not set)."""
 
     def read(self, value: Any, key: str, where: str) -> Any:
         """``value`` in its canonical form, or a ``ConfigError`` naming ``key``, ``where`` and what is valid."""

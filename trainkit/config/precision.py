@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import ConfigError, check_choice
-from .options import Option, check_keys, declared_options
+from .options import Keyword, Option, check_keys, declared_options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +93,10 @@ def parse_mixed_precision(value: Any, where: str, key: str = "mixed_precision") 
 
 MIXED_PRECISION = Option(
     help=f"Mixed precision: {', '.join(MIXED_PRECISIONS)}.", default="no", choices=MIXED_PRECISIONS,
-    parse=lambda value, key, where: parse_mixed_precision(value, where, key))
+    parse=lambda value, key, where: parse_mixed_precision(value, where, key),
+    accelerator=Keyword("mixed_precision"),
+    training_arguments=(Keyword("fp16", shown="fp16=True", convert=lambda _: "fp16"),
+                        Keyword("bf16", shown="bf16=True", convert=lambda _: "bf16")))
 """The ``mixed_precision`` setting, shared by the launch config and the engine's config."""
 
 

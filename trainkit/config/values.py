@@ -15,8 +15,6 @@ UNSUPPORTED_DISTRIBUTED_TYPES = (
     "MEGATRON_LM", "XLA", "TPU", "MULTI_NPU", "MULTI_XPU", "MULTI_MLU", "MULTI_SDAA",
     "MULTI_MUSA", "MULTI_HPU",
 )
-ASYNC_SAVE_WHEN_BUSY = ("wait", "skip")
-"""What an asynchronous save does when the previous one is still being written: wait for it, or be skipped."""
 RDZV_BACKENDS = ("static", "c10d")
 COMPUTE_ENVIRONMENTS = ("LOCAL_MACHINE",)
 
@@ -80,10 +78,3 @@ def to_positive_float(key: str, value: Any, where: str) -> float:
         raise ConfigError(f"Invalid value {value!r} for {key!r} in {where}: expected a number of seconds > 0.")
     return number
 
-
-def check_async_save_when_busy(value: Any, *, where: str) -> str:
-    """``async_save_when_busy`` checked where it is set (``ProjectConfiguration``, ``TrainingArguments``)."""
-    if value not in ASYNC_SAVE_WHEN_BUSY:
-        raise ConfigError(f"async_save_when_busy={value!r} in {where} is not valid; use 'wait' (a save waits for the "
-                          "one being written: no checkpoint is lost) or 'skip' (it is skipped while one is written).")
-    return value

@@ -26,7 +26,7 @@ from trainkit.config.engine import EngineConfig
 from trainkit.config.ignored_field import honour_ignored_keyword
 from trainkit.engine.process import collectives
 from trainkit.engine.step.accumulation import GradientState, sum_across_processes
-from trainkit.engine.accelerator_parts.options import announce_dataloader_options, resolve_compat_options
+from trainkit.engine.accelerator_parts.options import resolve_compat_options
 from trainkit.engine.accelerator_parts.attributes import AccelerateAttributes, refuse_parallelism
 from trainkit.engine.step.compile import compile_model
 from trainkit.engine.step.unwrapping import extract_model
@@ -84,7 +84,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         cpu: force the CPU even where a GPU is present.
         fsdp_plugin: shard the model with FSDP2 using these options.
         dataloader_config: how dataloaders are sharded (:class:`DataLoaderConfiguration`).
-        log_with: tracker names ("tensorboard", "wandb", "all") or tracker objects; JSONL is always on.
+        log_with: tracker names ("tensorboard", "wandb", "jsonl", "all") or tracker objects.
         project_dir: where trackers write and ``save_state`` numbers checkpoints automatically.
         project_config: a :class:`ProjectConfiguration` (alternative to ``project_dir``).
         step_scheduler_with_optimizer: step prepared schedulers only when the optimizer stepped.
@@ -163,7 +163,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         process.deepspeed_plugin = deepspeed_plugin or config.deepspeed  # Accelerate scripts read it there
         if self.deepspeed is not None and self.deepspeed.scaler_kwargs and scaler_kwargs is None:
             scaler_kwargs = self.deepspeed.scaler_kwargs
-        self.gradient_state = GradientState(config.gradient_accumulation_steps)
+        self.gradient_state = GradientState(config.gradient_accumulation_steps,
+                                            plugin_options=self._compat.accumulation_options)
 
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not None:
@@ -174,7 +175,6 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:
             self.project_configuration.set_directories(os.fspath(project_dir))
-        announce_dataloader_options(self.dataloader_config)
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.log_with = check_logging_directory(resolve_log_with(log_with), self.logging_dir)
         self.trackers: list[GeneralTracker] = []
@@ -537,10 +537,18 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
-        """Write the full weights as safetensors (sharded files plus an index above ``max_shard_size``)."""
+        """Write the full weights as safetensors (sharded files plus an index above ``max_shard_size``).
+
+        A model dispatched with offloaded weights (parameters on ``meta``) is saved from its offloaded copies,
+        one module at a time on the CPU."""
         from trainkit.engine.checkpoint.serialization import save_safetensors
 
-        state_dict = self.get_state_dict(model)
+        if any(parameter.device.type == "meta" for parameter in model.parameters()):
+            from trainkit.engine.inference.align import get_state_dict_offloaded_model
+
+            state_dict = get_state_dict_offloaded_model(model)
+        else:
+            state_dict = self.get_state_dict(model)
         if self.is_main_process:
             save_safetensors(state_dict, os.fspath(save_directory), max_shard_size)
         self.wait_for_everyone()
@@ -574,7 +582,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         self._schedulers.clear()
         self._dataloaders.clear()
         self.gradient_state = GradientState(self.gradient_state.num_steps,
-                                            caller_opens_windows=self.gradient_state.caller_opens_windows)
+                                            caller_opens_windows=self.gradient_state.caller_opens_windows,
+                                            plugin_options=self.gradient_state.plugin_options)
         return release_memory(*objects)
 
     clear = free_memory

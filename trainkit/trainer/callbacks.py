@@ -279,7 +279,7 @@ class CallbackHandler:
     def __init__(self, callbacks, model, processing_class, optimizer, lr_scheduler) -> None:
         self.callbacks: list[TrainerCallback] = []
         self.engine_callbacks: list[TrainerCallback] = []
-        """trainkit's own writers (the JSONL log and the ``report_to`` trackers, :class:`TrackerCallback`): called
+        """trainkit's own writers (the ``report_to`` trackers, :class:`TrackerCallback`): called
         first at every event, but not listed in ``callbacks``, which holds what transformers' list holds (the
         flow and progress callbacks and the user's)."""
         for callback in callbacks:
@@ -524,7 +524,7 @@ def tensorboard_init_kwargs(args: TrainingArguments) -> dict[str, dict[str, Any]
 
 
 class TrackerCallback(TrainerCallback):
-    """Forwards every log to the engine's trackers (JSONL always; TensorBoard and W&B per ``report_to``)."""
+    """Forwards every log to the engine's trackers (those ``report_to`` names: TensorBoard, W&B, MLflow, the JSONL log)."""
 
     def __init__(self, accelerator: Accelerator) -> None:
         self.accelerator = accelerator

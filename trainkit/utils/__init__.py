@@ -89,7 +89,7 @@ _LAZY = {
     "init_empty_weights": "trainkit.utils.modeling",
     "init_on_device": "trainkit.utils.modeling",
     "skip_first_batches": "trainkit.data_loader",
-    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
+    "load_checkpoint_in_model": "trainkit.engine.inference.loading",
     # Accelerate's DeepSpeed placeholders live with the engine (they need torch).
     "DummyOptim": "trainkit.engine.deepspeed.from_config",
     "DummyScheduler": "trainkit.engine.deepspeed.from_config",
@@ -99,6 +99,21 @@ _LAZY = {
         "id_tensor_storage", "load", "load_state_dict", "model_has_dtensor", "named_module_tensors",
         "retie_parameters", "get_non_persistent_buffers", "compute_module_total_buffer_size")},
     "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
+    # big-model inference: planning device maps
+    **{name: "trainkit.engine.inference.device_map" for name in (
+        "check_device_map", "check_tied_parameters_in_config", "check_tied_parameters_on_same_device",
+        "clean_device_map", "infer_auto_device_map")},
+    **{name: "trainkit.engine.inference.memory_budget" for name in ("get_balanced_memory", "get_max_memory")},
+    **{name: "trainkit.engine.inference.layer_sizes" for name in ("calculate_maximum_sizes", "get_max_layer_size")},
+    # big-model inference runtime (trainkit.engine.inference)
+    **{name: "trainkit.engine.inference.align" for name in (
+        "align_module_device", "get_state_dict_from_offload", "get_state_dict_offloaded_model",
+        "has_offloaded_params")},
+    **{name: "trainkit.engine.inference.offload" for name in (
+        "OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight", "load_offloaded_weights",
+        "offload_state_dict", "offload_weight", "save_offload_index")},
+
+    "prepare_simple_launcher_cmd_env": "trainkit.utils.launch",  # trainkit launch's own step (trainkit.cli.launch_steps)
     "is_compiled_module": "trainkit.engine.step.unwrapping",
     "has_compiled_regions": "trainkit.engine.step.unwrapping",
     **{name: "trainkit.utils.operations" for name in (

@@ -70,3 +70,12 @@ TORCH_LAUNCH_PARAMS = [
 CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
 TORCH_DISTRIBUTED_OPERATION_TYPES = CUDA_DISTRIBUTED_TYPES + [
     "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_CPU", "MULTI_HPU", "MULTI_NEURON"]
+
+
+def __getattr__(name: str) -> object:
+    # A tuple of torch layer classes: loaded on first use so that this module stays plain data.
+    if name == "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING":
+        from trainkit.engine.inference.dispatch import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+
+        return SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

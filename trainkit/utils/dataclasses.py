@@ -6,7 +6,14 @@ import dataclasses
 from datetime import timedelta
 from typing import Any
 
-from trainkit.config.values import check_async_save_when_busy
+from trainkit.config.checkpointing import (
+    ASYNC_SAVE,
+    ASYNC_SAVE_WHEN_BUSY,
+    AUTOMATIC_CHECKPOINT_NAMING,
+    SAVE_ON_EACH_NODE,
+    TOTAL_LIMIT,
+)
+from trainkit.config.options import parse_declared
 
 from .enums import _ContainsByValue
 from .enums import (  # noqa: F401 - re-exported: scripts import the enums from here too
@@ -114,27 +121,32 @@ class InitProcessGroupKwargs(KwargsHandler):
 
 @dataclasses.dataclass
 class ProjectConfiguration:
-    """Where trackers and automatically named checkpoints go (Accelerate's ``project_config``)."""
+    """Where trackers and automatically named checkpoints go (Accelerate's ``project_config``); its checkpointing
+    settings are declared once, with their help, in ``trainkit.config.checkpointing`` and parsed here, once."""
 
     project_dir: str | None = None
     logging_dir: str | None = None
-    automatic_checkpoint_naming: bool = False
-    total_limit: int | None = None
+    automatic_checkpoint_naming: bool = AUTOMATIC_CHECKPOINT_NAMING.field()
+    total_limit: int | None = TOTAL_LIMIT.field()
     iteration: int = 0
-    save_on_each_node: bool = False
-    """Write checkpoints on each machine's first process (for machines without a shared disk)."""
+    save_on_each_node: bool = SAVE_ON_EACH_NODE.field()
     # trainkit extensions: keyword-only, so no positional call written for Accelerate can reach them.
-    async_save: bool = dataclasses.field(default=False, kw_only=True)
-    """trainkit: ``save_state`` returns once the state is copied to host memory; a background thread writes,
-    checksums and commits it atomically (docs/checkpoints.md, "Asynchronous saves")."""
-    async_save_when_busy: str = dataclasses.field(default="wait", kw_only=True)
-    """trainkit, with ``async_save``: a save that finds the previous one still being written waits for it
-    ("wait", the default: no checkpoint is lost) or is skipped on every process with a warning ("skip")."""
+    async_save: bool = ASYNC_SAVE.field(kw_only=True)
+    async_save_when_busy: str = ASYNC_SAVE_WHEN_BUSY.field(kw_only=True)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.async_save, bool):
-            raise ValueError(f"ProjectConfiguration(async_save={self.async_save!r}): use True or False.")
-        check_async_save_when_busy(self.async_save_when_busy, where="ProjectConfiguration")
+        parse_declared(self, lambda name: "ProjectConfiguration")
+
+    @classmethod
+    def from_parsed(cls, **values: Any) -> ProjectConfiguration:
+        """A configuration from values another surface already parsed by the same declarations
+        (``TrainingArguments``' checks): nothing is parsed a second time (``__post_init__`` is not run)."""
+        config = cls.__new__(cls)
+        for field in dataclasses.fields(cls):
+            setattr(config, field.name, values.pop(field.name, field.default))
+        if values:
+            raise TypeError(f"ProjectConfiguration.from_parsed: unknown fields {sorted(values)}.")
+        return config
 
     def set_directories(self, project_dir: str | None = None) -> None:
         """Set ``project_dir`` and default ``logging_dir`` to it."""

@@ -8,7 +8,7 @@ import enum
 import logging
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -189,14 +189,43 @@ def load(f: Any, map_location: Any = None, **kwargs: Any) -> Any:
 
 
 def load_state_dict(checkpoint_file: str, device_map: Any = None) -> dict[str, torch.Tensor]:
-    """The tensors of a ``.safetensors`` file, or of a torch checkpoint loaded with ``weights_only=True``, on CPU.
+    """The tensors of a ``.safetensors`` file, or of a torch checkpoint loaded with ``weights_only=True``.
 
-    ``device_map`` belongs to big-model inference, which trainkit does not do: it is refused."""
-    if device_map is not None:
-        raise NotImplementedError("load_state_dict(device_map=...): trainkit does not do big-model inference; load "
-                                  "on CPU and prepare the model, or dispatch it with transformers' device_map.")
-    if str(checkpoint_file).endswith(".safetensors"):
-        from safetensors.torch import load_file
+    Torch checkpoints load on the CPU. A safetensors file loads on the CPU too, or, with ``device_map`` (module
+    names to devices), each tensor straight on the device of its nearest enclosing key (integers are CUDA
+    indices; ``"disk"`` and names the map does not cover load on the CPU)."""
+    if not str(checkpoint_file).endswith(".safetensors"):
+        return load(checkpoint_file, map_location="cpu")
+    from safetensors import safe_open
+    from safetensors.torch import load_file
 
+    if device_map is None:
         return load_file(checkpoint_file, device="cpu")
-    return load(checkpoint_file, map_location="cpu")
+    with safe_open(checkpoint_file, framework="pt") as file:
+        devices = {name: _mapped_device(name, device_map) for name in file.keys()}  # safe_open is no mapping
+    tensors = {}
+    for device in dict.fromkeys(devices.values()):  # one pass per device, each tensor read straight onto it
+        with safe_open(checkpoint_file, framework="pt", device=device) as file:
+            tensors.update({name: file.get_tensor(name) for name, where in devices.items() if where == device})
+    return {name: tensors[name] for name in devices}
+
+
+def mapped_key(name: str, device_map: Mapping[str, Any]) -> str | None:
+    """The key of ``device_map`` that places tensor or module ``name``: its own, else its nearest enclosing
+    module's (``""`` places everything); None when no key does."""
+    scope = name
+    while scope not in device_map:
+        if not scope:
+            return None
+        scope = scope.rpartition(".")[0]
+    return scope
+
+
+def _mapped_device(name: str, device_map: Mapping[str, Any]) -> Any:
+    """Where to read tensor ``name`` for ``device_map``: its device (integers are CUDA indices), or the CPU for
+    ``"disk"`` and names the map does not place."""
+    key = mapped_key(name, device_map)
+    device = "cpu" if key is None else device_map[key]
+    if device in ("disk", "meta"):
+        return "cpu"
+    return f"cuda:{device}" if isinstance(device, int) else device

@@ -58,16 +58,22 @@ _ELSEWHERE = {
         "get_non_persistent_buffers", "compute_module_total_buffer_size")},
     "set_module_tensor_to_device": "trainkit.utils.tensor_placement",
     "is_peft_model": "trainkit.utils.other",
-    "load_checkpoint_in_model": "trainkit.utils.checkpoint_files",
+    "load_checkpoint_in_model": "trainkit.engine.inference.loading",
     "get_grad_scaler": "trainkit.utils.environment",
+    "WEIGHTS_INDEX_NAME": "trainkit.utils.constants",
+    **{name: "trainkit.engine.inference.align" for name in (
+        "align_module_device", "get_state_dict_from_offload", "get_state_dict_offloaded_model",
+        "has_offloaded_params")},
+    "load_offloaded_weights": "trainkit.engine.inference.offload",
+    # big-model inference: planning device maps (trainkit/engine/inference/)
+    **{name: "trainkit.engine.inference.device_map" for name in (
+        "check_device_map", "check_device_same", "clean_device_map", "check_tied_parameters_in_config",
+        "check_tied_parameters_on_same_device", "fallback_allocate", "infer_auto_device_map")},
+    **{name: "trainkit.engine.inference.memory_budget" for name in ("get_balanced_memory", "get_max_memory")},
+    **{name: "trainkit.engine.inference.layer_sizes" for name in (
+        "calculate_maximum_sizes", "get_max_layer_size", "get_module_leaves", "get_module_size_with_ties")},
 }
-_REFUSED = (
-    "align_module_device", "calculate_maximum_sizes", "check_device_map", "check_device_same",
-    "check_tied_parameters_in_config", "check_tied_parameters_on_same_device", "clean_device_map",
-    "fallback_allocate", "get_balanced_memory", "get_max_layer_size",
-    "get_max_memory", "get_mixed_precision_context_manager", "get_module_leaves", "get_module_size_with_ties",
-    "get_state_dict_from_offload", "get_state_dict_offloaded_model",
-    "has_offloaded_params", "infer_auto_device_map", "load_offloaded_weights")
+_REFUSED = ("get_mixed_precision_context_manager",)
 
 
 def __getattr__(name: str) -> Any:

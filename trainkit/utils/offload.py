@@ -1,12 +1,15 @@
-"""``accelerate.utils.offload``'s path: ``extract_submodules_state_dict`` works; the weight-offloading helpers
-of big-model inference are named and refuse when used (see ``trainkit.utils.unsupported``)."""
+"""``accelerate.utils.offload``'s path: weights written to disk (``index.json`` and ``.dat`` files) and the lazy
+weight maps big-model inference reads them through (implemented in :mod:`trainkit.engine.inference.offload`)."""
 
+from trainkit.engine.inference.offload import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+    save_offload_index,
+)
 from trainkit.utils.model_tensors import extract_submodules_state_dict
-from trainkit.utils.unsupported import refusing_module
 
-_REFUSED = ("OffloadedWeightsLoader", "PrefixedDataset", "load_offloaded_weight", "offload_state_dict",
-            "offload_weight", "save_offload_index")
-
-__all__ = ["extract_submodules_state_dict", *_REFUSED]
-
-__getattr__ = refusing_module(__name__, _REFUSED)
+__all__ = ["OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict", "load_offloaded_weight",
+           "offload_state_dict", "offload_weight", "save_offload_index"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import socket
 from collections.abc import Callable
+from types import MethodType
 from typing import Any
 
 
@@ -84,19 +85,58 @@ def deepspeed_required(func: Callable) -> Callable:
 
 
 def compile_regions(module: Any, **compile_kwargs: Any) -> Any:
-    """Compile each instance of ``module``'s repeated block class in place (the whole module when it has none)
-    with ``torch.compile``'s keyword arguments; returns ``module``."""
-    from trainkit.engine.step.compile import repeated_blocks
+    """Regional compilation as Accelerate's: a twin of ``module`` whose repeated blocks (each ``ModuleList`` whose
+    children share one class) are ``torch.compile`` wrappers, with ``torch.compile``'s keyword arguments; a module
+    without such a list comes back whole as one wrapper.
 
-    blocks = repeated_blocks(module)
-    for block in blocks or [module]:
-        block.compile(**compile_kwargs)
-    return module
+    The twin is a shallow copy at every level down to the blocks: it shares the parameters and buffers, keeps
+    the original under ``_orig_mod`` (what :func:`extract_model_from_parallel` returns), and methods bound to
+    an original module (a wrapped ``forward``) are bound to its twin, so attributes set on the twin stay on it.
+    The original is left uncompiled. The Accelerator's own regional compilation (``TorchDynamoPlugin``) compiles
+    in place instead, keeping parameter names; see trainkit/engine/step/compile.py.
+    """
+    twin = _compiled_twin(module, compile_kwargs)
+    if "_orig_mod" not in twin.__dict__:
+        twin.__dict__["_orig_mod"] = module
+    return twin
+
+
+def _is_block_list(module: Any) -> bool:
+    import torch
+
+    return (isinstance(module, torch.nn.ModuleList) and len(module) > 0
+            and all(isinstance(child, type(module[0])) for child in module))
+
+
+def _compiled_twin(module: Any, compile_kwargs: dict[str, Any]) -> Any:
+    import torch
+
+    if _is_block_list(module):
+        compiled: list[Any] = [torch.compile(block, **compile_kwargs) for block in module]  # OptimizedModules
+        return torch.nn.ModuleList(compiled)
+    if not module._modules or not any(_is_block_list(inner) for inner in module.modules()):
+        return torch.compile(module, **compile_kwargs)
+    module_class: Any = type(module)
+    twin = module_class.__new__(module_class)  # no __init__: the twin takes the original's state below
+    twin.__dict__.update(module.__dict__)
+    for name, value in module.__dict__.items():
+        if hasattr(value, "__func__") and getattr(value, "__self__", None) is module:
+            twin.__dict__[name] = MethodType(value.__func__, twin)  # e.g. a wrapped forward: it runs on the twin
+    twin.__dict__["_modules"] = {name: _compiled_twin(child, compile_kwargs) for name, child in module.named_children()}
+    return twin
 
 
 def compile_regions_deepspeed(module: Any, **compile_kwargs: Any) -> None:
-    """:func:`compile_regions` for the module of a run with a DeepSpeed config (trainkit's is a plain module)."""
-    compile_regions(module, **compile_kwargs)
+    """Regional compilation in place, as Accelerate's for a DeepSpeed engine's module: each repeated block (or the
+    whole module, when it has none) is compiled with ``nn.Module.compile``; nothing is returned."""
+    if _is_block_list(module):
+        for block in module:
+            block.compile(**compile_kwargs)
+    elif module._modules and any(_is_block_list(inner) for inner in module.modules()):
+        for child in module.children():
+            compile_regions_deepspeed(child, **compile_kwargs)
+    else:
+        module.compile(**compile_kwargs)
 
 
 def __getattr__(name: str) -> Any:

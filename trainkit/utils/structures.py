@@ -70,7 +70,8 @@ def recursively_apply(func: Callable[..., Any], data: Any, *args: Any, test_type
         return func(data, *args, **kwargs)
     if error_on_other_type:
         raise TypeError(f"Unsupported type {type(data).__name__} passed to {getattr(func, '__name__', func)}: only "
-                        "nested lists, tuples and dicts of objects that pass test_type are accepted.")
+                        "nested lists, tuples and dicts of objects that pass "
+                        f"{getattr(test_type, '__name__', test_type)} are accepted.")
     return data
 
 

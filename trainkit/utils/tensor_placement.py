@@ -1,11 +1,14 @@
 """Putting one named tensor of a module on a device (and dtype): ``set_module_tensor_to_device``.
 
 Scripts use it to materialise a model built under :func:`trainkit.utils.modeling.init_empty_weights` (``meta``
-tensors) tensor by tensor from a checkpoint, and to move or recast single weights. The big-model offload hooks'
-extras (``fp16_statistics`` for bitsandbytes, ``tied_params_map`` for offloaded tied weights) are refused by name.
+tensors) tensor by tensor from a checkpoint, and to move or recast single weights; the big-model offload hooks
+place weights with it. ``fp16_statistics`` (bitsandbytes) is refused by name; ``tied_params_map`` (the offload hooks' record of tied weights
+already placed per device) is honoured.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,7 +31,7 @@ def _keeps_integer_type(dtype: torch.dtype) -> bool:
 def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int | str | torch.device,
                                 value: torch.Tensor | None = None, dtype: str | torch.dtype | None = None,
                                 fp16_statistics: torch.Tensor | None = None,
-                                tied_params_map: dict[int, dict[torch.device, torch.Tensor]] | None = None,
+                                tied_params_map: dict[int, dict[Any, torch.Tensor]] | None = None,
                                 non_blocking: bool = False, clear_cache: bool = True) -> None:
     """Put the parameter or buffer ``tensor_name`` (dotted names reach submodules) on ``device``.
 
@@ -37,11 +40,11 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
     and bool values keep theirs then); as in Accelerate, ``dtype`` applies to a ``value`` only (a move alone
     keeps the tensor's dtype). A parameter stays a parameter of the same class, with its
     ``requires_grad``; a buffer stays a buffer. ``clear_cache`` empties the accelerator's cache after a move
-    off an accelerator."""
-    if fp16_statistics is not None or tied_params_map is not None:
-        given = "fp16_statistics" if fp16_statistics is not None else "tied_params_map"
-        raise NotImplementedError(f"set_module_tensor_to_device: {given} belongs to bitsandbytes / big-model offload "
-                                  "hooks, which trainkit does not drive (docs/migrating-from-accelerate.md).")
+    off an accelerator. ``tied_params_map`` (data pointer of a tied weight -> {device: tensor placed there}): a
+    tensor whose pointer is a key reuses the copy already on ``device``, or records the one made."""
+    if fp16_statistics is not None:
+        raise NotImplementedError("set_module_tensor_to_device: fp16_statistics belongs to bitsandbytes 8-bit "
+                                  "weights, which trainkit does not drive (docs/migrating-from-accelerate.md).")
     owner, name = _owner(module, tensor_name)
     old = owner._parameters[name] if name in owner._parameters else owner._buffers[name]
     assert old is not None, f"{tensor_name} is registered as None"
@@ -49,9 +52,17 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
     if old.device.type == "meta" and target.type != "meta" and value is None:
         raise ValueError(f"{tensor_name} is on the meta device (no data): pass value= to put it on {target}.")
     if value is not None and value.shape != old.shape:
-        raise ValueError(f"value for {tensor_name!r} has shape {tuple(value.shape)}, the module's tensor has "
-                         f"{tuple(old.shape)}.")
+        raise ValueError(f"{name}: the new value has shape {tuple(value.shape)}, the tensor it replaces "
+                         f"{tuple(old.shape)}; a value must keep the tensor's shape.")
     new = old if value is None else value
+    copies = None if tied_params_map is None else tied_params_map.get(new.data_ptr())
+    if copies is not None and device in copies:  # a tied weight another module already put on this device
+        shared = copies[device]
+        if name in owner._parameters:
+            owner._parameters[name] = shared if isinstance(shared, nn.Parameter) else nn.Parameter(shared)
+        else:
+            owner._buffers[name] = shared
+        return
     if value is not None and dtype is None:
         new = new.to(old.dtype)  # a value takes the dtype of the tensor it replaces
     elif value is not None and dtype is not None and not _keeps_integer_type(new.dtype):
@@ -63,6 +74,10 @@ def set_module_tensor_to_device(module: nn.Module, tensor_name: str, device: int
         owner._parameters[name] = param_class(new, requires_grad=old.requires_grad)
     else:
         owner._buffers[name] = new
+    if copies is not None:
+        placed = owner._parameters[name] if name in owner._parameters else owner._buffers[name]
+        assert placed is not None  # set just above
+        copies[device] = placed
     if clear_cache and old.device.type not in ("cpu", "meta") and old.device != target:
         from trainkit.utils.memory import clear_device_cache
 

@@ -23,8 +23,6 @@ _XLA = "trainkit does not drive TPUs / torch_xla"
 _FP8 = ("trainkit does not drive FP8 training (Transformer Engine, MS-AMP, torchao float8); "
         "use mixed_precision='bf16' or 'fp16'")
 _BNB = "trainkit does not quantize models with bitsandbytes (load them quantized with transformers instead)"
-_BIG_MODEL = ("trainkit does not do big-model inference (device maps, CPU/disk offload and dispatch); "
-              "load and dispatch the model with transformers' device_map before or instead of trainkit")
 _PARALLELISM = ("tensor parallelism is set with trainkit.ParallelismConfig(tp_size=...) alone (no handler or plugin "
                 "objects; docs/parallelism.md)")
 _SAGEMAKER = "trainkit does not launch on Amazon SageMaker"
@@ -48,26 +46,14 @@ NOT_DRIVEN.update({name: _FP8 for name in (
 NOT_DRIVEN.update({name: _BNB for name in (
     "BnbQuantizationConfig", "load_and_quantize_model", "has_4bit_bnb_layers", "get_quantized_model_device_map",
     "replace_with_bnb_layers", "get_keys_to_not_convert", "get_parameter_device", "quantize_and_offload_8bit")})
-NOT_DRIVEN.update({name: _BIG_MODEL for name in (
-    "cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "infer_auto_device_map",
-    "load_checkpoint_and_dispatch", "OffloadedWeightsLoader", "PrefixedDataset",
-    "attach_layerwise_casting_hooks", "get_state_dict_from_offload",
-    "get_state_dict_offloaded_model", "clean_device_map", "check_device_same",
-    "get_module_leaves", "get_module_size_with_ties", "fallback_allocate",
-    # accelerate.hooks: the module hooks big-model inference dispatches with
-    "ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module", "AlignDevicesHook",
-    "attach_execution_device_hook", "attach_align_device_hook", "remove_hook_from_submodules",
-    "attach_align_device_hook_on_blocks", "CpuOffload", "UserCpuOffloadHook", "LayerwiseCastingHook",
-    "check_device_map", "get_balanced_memory", "get_max_memory", "offload_state_dict", "offload_weight",
-    "load_offloaded_weight", "load_offloaded_weights", "save_offload_index", "has_offloaded_params",
-    "align_module_device", "calculate_maximum_sizes", "get_max_layer_size", "check_tied_parameters_on_same_device",
-    "check_tied_parameters_in_config", "get_mixed_precision_context_manager")})
+NOT_DRIVEN["get_mixed_precision_context_manager"] = (
+    "Accelerate's internal autocast helper; use `with accelerator.autocast():` (the Accelerator's mixed precision)")
 NOT_DRIVEN.update({name: _PARALLELISM for name in (
     "TorchTensorParallelPlugin", "TorchTensorParallelConfig")})
 NOT_DRIVEN.update({name: _SAGEMAKER for name in ("prepare_sagemager_args_inputs",)})
 NOT_DRIVEN.update({name: _PIPPY for name in ("prepare_pippy",)})
 NOT_DRIVEN.update({name: _LAUNCH for name in (
-    "PrepareForLaunch", "prepare_multi_gpu_env", "prepare_deepspeed_cmd_env", "prepare_simple_launcher_cmd_env",
+    "PrepareForLaunch", "prepare_multi_gpu_env", "prepare_deepspeed_cmd_env",
     "set_numa_affinity", "setup_fp8_env", "prepare_extend_env_parallelism_config", "env_var_path_add")})
 NOT_DRIVEN.update({name: _FSDP1 for name in (
     "save_fsdp_model", "load_fsdp_model", "save_fsdp_optimizer", "load_fsdp_optimizer", "fsdp2_apply_ac",
@@ -134,8 +120,6 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
         "custom_megatron_datasets_provider_function=None, custom_get_batch_function=None, "
         "custom_loss_function=None, other_megatron_args=None"
     ),
-    "OffloadedWeightsLoader": "state_dict=None, save_folder=None, index=None, device=None",
-    "PrefixedDataset": "dataset, prefix",
     "PrepareForLaunch": "launcher, distributed_type='NO', debug=False",
     "SwanLabTracker": "run_name, **kwargs",
     "T5TrainStep": "accelerator, args",
@@ -148,28 +132,14 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "TorchTensorParallelPlugin": "tp_size=1, torch_device_mesh=None",
     "TrackioTracker": "run_name, **kwargs",
     "add_model_config_to_megatron_parser": "model_type",
-    "align_module_device": "module, execution_device=None",
     "apply_fp8_autowrap": "model, fp8_recipe_handler",
     "avg_losses_across_data_parallel_group": "losses",
-    "calculate_maximum_sizes": "model",
     "check_cuda_fp8_capability": "",
-    "check_device_map": "model, device_map",
-    "check_tied_parameters_in_config": "model",
-    "check_tied_parameters_on_same_device": "tied_params, device_map",
     "compile_regions_fsdp2": "module, **compile_kwargs",
     "contextual_fp8_autocast": "model_forward, fp8_recipe, use_during_eval=False",
     "convert_model": "model, to_transformer_engine=True, _convert_linear=True, _convert_ln=True",
     "convert_model_to_fp8_ao": "model, config=None, module_filter_func=None",
-    "cpu_offload": (
-        "model, execution_device=None, offload_buffers=False, state_dict=None, preload_module_classes=None"
-    ),
-    "cpu_offload_with_hook": "model, execution_device=None, prev_module_hook=None",
     "disable_fsdp_ram_efficient_loading": "",
-    "disk_offload": "model, offload_dir, execution_device=None, offload_buffers=False, preload_module_classes=None",
-    "dispatch_model": (
-        "model, device_map, main_device=None, state_dict=None, offload_dir=None, offload_index=None, "
-        "offload_buffers=False, skip_keys=None, preload_module_classes=None, force_hooks=False"
-    ),
     "enable_fsdp_ram_efficient_loading": "",
     "ensure_weights_retied": "param_init_fn, model, device",
     "filter_first_and_last_linear_layers": "module, fqn",
@@ -178,43 +148,22 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
     "fsdp2_load_full_state_dict": "accelerator, model, full_sd, cpu_offload=False",
     "fsdp2_prepare_model": "accelerator, model",
     "fsdp2_switch_optimizer_parameters": "optimizer, mapping",
-    "get_balanced_memory": (
-        "model, max_memory=None, no_split_module_classes=None, dtype=None, special_dtypes=None, "
-        "low_zero=False"
-    ),
     "get_fsdp2_grad_scaler": "**kwargs",
-    "get_max_layer_size": "modules, module_sizes, no_split_module_classes",
-    "get_max_memory": "max_memory=None",
     "get_mixed_precision_context_manager": "native_amp=False, autocast_kwargs=None",
     "has_4bit_bnb_layers": "model",
     "has_ao_layers": "model",
-    "has_offloaded_params": "module",
     "has_transformer_engine_layers": "model",
-    "infer_auto_device_map": (
-        "model, max_memory=None, no_split_module_classes=None, dtype=None, special_dtypes=None, "
-        "verbose=False, clean_result=True, offload_buffers=False, fallback_allocation=False"
-    ),
     "install_xla": "upgrade=False",
     "load_and_quantize_model": (
         "model, bnb_quantization_config, weights_location=None, device_map=None, "
         "no_split_module_classes=None, max_memory=None, offload_folder=None, offload_state_dict=False"
-    ),
-    "load_checkpoint_and_dispatch": (
-        "model, checkpoint, device_map=None, max_memory=None, no_split_module_classes=None, "
-        "offload_folder=None, offload_buffers=False, dtype=None, offload_state_dict=None, skip_keys=None, "
-        "preload_module_classes=None, force_hooks=False, strict=False, full_state_dict=True, "
-        "broadcast_from_rank0=False"
     ),
     "load_fsdp_model": "fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True",
     "load_fsdp_optimizer": (
         "fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False, "
         "use_dcp=True"
     ),
-    "load_offloaded_weight": "weight_file, weight_info",
-    "load_offloaded_weights": "model, index, offload_folder",
     "merge_fsdp_weights": "checkpoint_dir, output_path, safe_serialization=True, remove_checkpoint_dir=False",
-    "offload_state_dict": "save_dir, state_dict",
-    "offload_weight": "weight, weight_name, offload_folder, index=None",
     "parse_bert_config": "megatron_lm_plugin, model, batch_data",
     "parse_glm4_moe_config": "megatron_lm_plugin, model, batch_data",
     "parse_gpt2_config": "megatron_lm_plugin, model, batch_data",
@@ -227,59 +176,23 @@ ACCELERATE_SIGNATURES: dict[str, str] = {
         "num_chunks=None, gather_output=False"
     ),
     "prepare_sagemager_args_inputs": "sagemaker_config, args",
-    "prepare_simple_launcher_cmd_env": "args",
     "prepare_tpu": "args, current_env, pod=False",
     "save_fsdp_model": "fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True",
     "save_fsdp_optimizer": "fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True",
-    "save_offload_index": "index, offload_folder",
     "set_numa_affinity": "local_process_index, verbose=None",
     "torchao_required": "func",
     "write_basic_config": "mixed_precision='no', save_location=None",
     # names at the accelerate.hooks, .big_modeling, .utils.bnb, .utils.launch and .utils.modeling paths
-    "AlignDevicesHook": (
-        'execution_device=None, offload=False, io_same_device=False, weights_map=None, offload_buffers=False, '
-        'place_submodules=False, skip_keys=None, tied_params_map=None'
-    ),
-    "CpuOffload": 'execution_device=None, prev_module_hook=None',
-    "LayerwiseCastingHook": 'storage_dtype, compute_dtype, non_blocking',
-    "ModelHook": '*args, **kwargs',
-    "SequentialHook": '*hooks',
-    "UserCpuOffloadHook": 'model, hook',
-    "add_hook_to_module": 'module, hook, append=False',
-    "attach_align_device_hook": (
-        'module, execution_device=None, offload=False, weights_map=None, offload_buffers=False, '
-        "module_name='', skip_keys=None, preload_module_classes=None, tied_params_map=None"
-    ),
-    "attach_align_device_hook_on_blocks": (
-        'module, execution_device=None, offload=False, weights_map=None, offload_buffers=False, '
-        "module_name='', skip_keys=None, preload_module_classes=None, tied_params_map=None"
-    ),
-    "attach_execution_device_hook": (
-        'module, execution_device, skip_keys=None, preload_module_classes=None, tied_params_map=None'
-    ),
-    "attach_layerwise_casting_hooks": (
-        'module, storage_dtype, compute_dtype, skip_modules_pattern=None, skip_modules_classes=None, '
-        'non_blocking=False'
-    ),
-    "check_device_same": 'first_device, second_device',
-    "clean_device_map": "device_map, module_name=''",
     "env_var_path_add": 'env_var_name, path_to_add',
-    "fallback_allocate": 'modules, module_sizes, size_limit, no_split_module_classes=None, tied_parameters=None',
     "get_keys_to_not_convert": 'model',
-    "get_module_leaves": 'module_sizes',
-    "get_module_size_with_ties": 'tied_params, module_size, module_sizes, modules_to_treat',
     "get_parameter_device": 'parameter',
     "get_quantized_model_device_map": (
         'model, bnb_quantization_config, device_map=None, max_memory=None, no_split_module_classes=None'
     ),
-    "get_state_dict_from_offload": "module, module_name, state_dict, device_to_put_offload='cpu'",
-    "get_state_dict_offloaded_model": 'model',
     "prepare_extend_env_parallelism_config": 'args, current_env',
     "quantize_and_offload_8bit": (
         'model, param, param_name, new_dtype, offload_folder, offload_index, fp16_statistics'
     ),
-    "remove_hook_from_module": 'module, recurse=False',
-    "remove_hook_from_submodules": 'module',
     "replace_with_bnb_layers": 'model, bnb_quantization_config, modules_to_not_convert=None, current_key_name=None',
     "setup_fp8_env": 'args, current_env',
 }

@@ -196,3 +196,30 @@ def test_data_loader_dispatcher_batch_sampler_on_several_processes_needs_split_b
         _dispatched_batch_size(_EpochBatches(10, 4), None, split_batches=False, world=2)
     with pytest.raises(ValueError, match="multiple of the 3 processes"):
         _dispatched_batch_size(_EpochBatches(10, 4), None, split_batches=True, world=3)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_prepare_with_dispatch_batches_dispatches_map_style_data_as_accelerate(shuffle):
+    """CPU, one process: ``dispatch_batches=True`` on a map-style dataset gives a DataLoaderDispatcher with Accelerate's
+    batches (its order on the same seed, shuffled too) and its random stream; it pickles with the Accelerator.
+    Two processes were compared with Accelerate itself (main process reads, each rank gets its slice)."""
+    import pickle
+
+    import accelerate
+
+    import trainkit
+
+    def run(library):
+        accelerator = library.Accelerator(cpu=True, dataloader_config=library.DataLoaderConfiguration(
+            dispatch_batches=True))
+        torch.manual_seed(11)
+        loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(10)), batch_size=3, shuffle=shuffle))
+        batches = [[batch[0].tolist() for batch in loader] for _ in range(2)]
+        return type(loader).__name__, len(loader), batches, torch.get_rng_state(), accelerator
+
+    name, length, ours, state, accelerator = run(trainkit)
+    theirs = run(accelerate)
+    assert theirs[:3] == (name, length, ours) and name == "DataLoaderDispatcher" and length == 4
+    assert torch.equal(theirs[3], state)
+    copy = pickle.loads(pickle.dumps(accelerator))._dataloaders[0]
+    assert isinstance(copy, DataLoaderDispatcher) and len(copy) == 4

@@ -81,3 +81,17 @@ def test_an_unbatched_stream_on_one_process_yields_its_samples():
     Accelerator(cpu=True)
     loader = prepare_data_loader(DataLoader(Numbers(), batch_size=None), num_processes=1, process_index=0)
     assert [int(sample) for sample in loader] == [0, 1, 2, 3, 4]  # was a ConfigError asking for a batch_size
+
+
+def test_dispatching_a_sampler_that_agrees_its_order_across_processes_is_refused():
+    """CPU, two processes simulated: with dispatch_batches only the main process reads the sampler, so a sampler whose
+    pass order is agreed by a collective (the Trainer's length grouping) could not run; refused by name."""
+    from trainkit.config.errors import ConfigError
+
+    class Agreeing(torch.utils.data.SequentialSampler):
+        def draw_pass_order(self, generator):
+            raise AssertionError("not reached")
+
+    loader = DataLoader(list(range(8)), batch_size=2, sampler=Agreeing(range(8)))
+    with pytest.raises(ConfigError, match="group_by_length"):
+        prepare_data_loader(loader, num_processes=2, process_index=0, dispatch_batches=True)

@@ -55,3 +55,12 @@ def test_dropout_and_collate_draws_are_accelerates(seedable, shuffle_generator):
     assert len(ours[0]) == 12
     assert ours[0] == theirs[0]
     assert torch.equal(ours[1], theirs[1])
+
+
+def test_a_worker_loader_shuffles_in_accelerates_order():
+    """With worker processes torch's iterator starts the sampler while it is built (it prefetches indices), right
+    after drawing the base seed: the shuffled order of a generator-less sampler is drawn there too, as Accelerate's."""
+    theirs = run(accelerate, seedable=False, shuffle_generator=False, workers=1)
+    ours = run(trainkit, seedable=False, shuffle_generator=False, workers=1)
+    assert ours[0] == theirs[0]
+    assert torch.equal(ours[1], theirs[1])

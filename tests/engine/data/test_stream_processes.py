@@ -87,3 +87,11 @@ def test_dispatch_batches_reads_on_the_main_process_only_and_resumes_the_same_st
     # One sequential reader has no shards to seek in: a resume re-reads the consumed part on the main process.
     assert consumed["before"] + consumed["after2"] == consumed["epoch1"] == consumed["epoch0"]
     assert consumed["before"] + consumed["after1"] == consumed["epoch0"]
+
+
+def test_a_stream_shorter_than_the_processes_still_steps_on_every_rank(out):
+    """One example, two ranks: rank 1 receives rank 0's batch as padding (transformers' distributed test evaluates
+    such a stream); gather_for_metrics keeps the one real example."""
+    ranks = [json.loads((out / f"one_example_rank{rank}.json").read_text()) for rank in range(WORLD)]
+    assert all(len(r["steps"]) == 1 and set(r["steps"][0]) == {7} for r in ranks)  # one step, filled up (even_batches)
+    assert ranks[0]["gathered"] == ranks[1]["gathered"] == [[7]]

@@ -51,6 +51,9 @@ def test_the_launcher_s_device_variable_is_read(monkeypatch) -> None:
 
 def test_a_named_cpu_device_wins_and_an_unknown_one_is_refused() -> None:
     assert choose_device(1, 2, cpu=False, assigned="cpu") == torch.device("cpu")
+    # Kept as named, index included, as Accelerate's state.device; tensors placed there are ordinary CPU tensors.
+    named = choose_device(0, 1, cpu=True, assigned="cpu:64")
+    assert str(named) == "cpu:64" and torch.ones(1).to(named).device == torch.device("cpu")
     with pytest.raises(ConfigError, match=r"ACCELERATE_TORCH_DEVICE='xpu:0': trainkit computes on cpu or cuda"):
         choose_device(0, 1, cpu=False, assigned="xpu:0")
 

@@ -82,6 +82,13 @@ def json_stream():
     return stream.map(tokenise).remove_columns(["text"])
 
 
+class OneExample(IterableDataset):
+    """A stream of one example, without shards."""
+
+    def __iter__(self):
+        yield torch.tensor(7)
+
+
 def ids_of(batch) -> torch.Tensor:
     return batch["id"] if isinstance(batch, dict) else batch
 
@@ -132,6 +139,13 @@ def main() -> None:
                 resumed = loader(accelerator, kind, workers)
                 accelerator.load_state(checkpoint, dataloaders=[resumed])
                 write(f"consumed1_{name}.json", {"after1": consume(accelerator, resumed, f"{name}_resume1")})
+    if PHASE == "two":
+        # A stream shorter than the processes (one example, no shards): every rank still takes the step.
+        accelerator.dataloader_config.dispatch_batches = False
+        short = accelerator.prepare(DataLoader(OneExample(), batch_size=BATCH))
+        steps = [batch.tolist() for batch in short]
+        gathered = [accelerator.gather_for_metrics(batch).tolist() for batch in short]
+        write(f"one_example_rank{accelerator.process_index}.json", {"steps": steps, "gathered": gathered})
     accelerator.wait_for_everyone()
 
 

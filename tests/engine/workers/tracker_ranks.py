@@ -29,7 +29,7 @@ class EveryRank(GeneralTracker):
         self.started = True
 
 
-accelerator = Accelerator(cpu=True, log_with=["tensorboard", EveryRank()], project_dir=str(OUT))
+accelerator = Accelerator(cpu=True, log_with=["jsonl", "tensorboard", EveryRank()], project_dir=str(OUT))
 accelerator.init_trackers("ranks")
 wrapper = accelerator.get_tracker("tensorboard")
 accelerator.log({"loss": 1.0 + accelerator.process_index}, step=1)

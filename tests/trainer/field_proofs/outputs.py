@@ -96,7 +96,7 @@ def p_logging_dir(tmp_path):
 
 
 def p_run_name(tmp_path):
-    quick(tmp_path, run_name="named").train()
+    quick(tmp_path, run_name="named", report_to="jsonl").train()
     assert (tmp_path / "out" / "named" / "metrics.jsonl").exists() and not (tmp_path / "out" / "logs").exists()
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import warnings
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -18,38 +17,44 @@ from trainkit.config.deepspeed import engine_values
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, resolve_engine_config
 from trainkit.config.errors import ConfigError
+from trainkit.config.options import declared_options
 from trainkit.config.parallelism import ParallelismConfig
 
 logger = logging.getLogger("trainkit.engine")
 
 
-def accelerator_settings(*, mixed_precision: Any = None, gradient_accumulation_steps: Any = None,
-                         cpu: Any = None, fsdp_plugin: Any = None, gradient_accumulation_plugin: Any = None,
-                         timeout: timedelta | None = None, dynamo_backend: Any = None, dynamo_plugin: Any = None,
-                         deepspeed_plugin: Any = None, parallelism_config: Any = None,
-                         torch_tp_plugin: Any = None, precision_options: Any = None) -> dict[str, Setting]:
-    """The explicit settings of one ``Accelerator(...)`` call: only the arguments that were given."""
+ACCELERATOR_KEYWORDS: dict[str, str] = {option.accelerator.name: name for name, option
+                                        in declared_options(EngineConfig).items() if option.accelerator is not None}
+"""``Accelerator(...)`` keyword -> the engine setting it sets, from the declarations (``config/engine_options.py``,
+``config/precision.py``); ``timeout`` is ``InitProcessGroupKwargs``' field, which the Accelerator hands over."""
+
+
+def accelerator_settings(*, fsdp_plugin: Any = None, gradient_accumulation_plugin: Any = None,
+                         dynamo_backend: Any = None, dynamo_plugin: Any = None, deepspeed_plugin: Any = None,
+                         parallelism_config: Any = None, torch_tp_plugin: Any = None, precision_options: Any = None,
+                         **declared: Any) -> dict[str, Setting]:
+    """The explicit settings of one ``Accelerator(...)`` call: only the arguments that were given.
+
+    ``declared``: the keywords of :data:`ACCELERATOR_KEYWORDS` (``mixed_precision``, ``gradient_accumulation_steps``,
+    ``cpu``, ``timeout``), each read by its option's :class:`~trainkit.config.options.Keyword` (None, and the values
+    it names, are "not set"); the plugins below are structured and read here."""
+    unknown = sorted(set(declared) - set(ACCELERATOR_KEYWORDS))
+    if unknown:
+        raise TypeError(f"accelerator_settings: unknown keywords {unknown}; declared: {sorted(ACCELERATOR_KEYWORDS)}.")
     settings: dict[str, Setting] = {}
     if deepspeed_plugin is not None:  # first: the script's own arguments must agree with its DeepSpeed config
         settings.update(deepspeed_plugin_settings(deepspeed_plugin))
-    conflicts = []
-    if mixed_precision is not None:
-        conflicts += _agree(settings, "mixed_precision", mixed_precision)
-        settings["mixed_precision"] = Setting(mixed_precision, "Accelerator(mixed_precision=)")
     plugin_steps = getattr(gradient_accumulation_plugin, "num_steps", None)
     if plugin_steps is not None:
         settings["gradient_accumulation_steps"] = Setting(plugin_steps, "GradientAccumulationPlugin(num_steps=)")
-    # 1 is Accelerate's default, which scripts pass through from their own argparse defaults
-    # (`Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps)`): it asks for nothing, so
-    # `trainkit launch --gradient_accumulation_steps 4` or a DeepSpeed config still decides.
-    if gradient_accumulation_steps is not None and gradient_accumulation_steps != 1:
-        conflicts += _agree(settings, "gradient_accumulation_steps", gradient_accumulation_steps)
-        settings["gradient_accumulation_steps"] = Setting(gradient_accumulation_steps,
-                                                          "Accelerator(gradient_accumulation_steps=)")
-    if cpu is not None:
-        settings["use_cpu"] = Setting(cpu, "Accelerator(cpu=)")
-    if timeout is not None:
-        settings["collective_timeout"] = Setting(timeout.total_seconds(), "InitProcessGroupKwargs(timeout=)")
+    conflicts = []
+    for name, option in declared_options(EngineConfig).items():
+        keyword = option.accelerator
+        if keyword is None or keyword.is_unset(declared.get(keyword.name)):
+            continue
+        value, source = keyword.setting(declared[keyword.name], "Accelerator")
+        conflicts += _agree(settings, name, value)
+        settings[name] = Setting(value, source)
     if fsdp_plugin is not None:
         if deepspeed_plugin is not None:
             conflicts.append("fsdp_plugin and deepspeed_plugin: choose one")

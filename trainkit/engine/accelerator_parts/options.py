@@ -15,7 +15,6 @@ from typing import Any
 from trainkit.config.precision import PRECISIONS, declaration_for_options
 from trainkit.utils.dataclasses import (
     AutocastKwargs,
-    DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
     GradScalerKwargs,
@@ -38,6 +37,8 @@ class CompatOptions:
     """A mixed precision's own options object (a class declared in ``trainkit.config.precision``), if given."""
     accumulation_steps: int | None = None
     sync_each_batch: bool = False
+    accumulation_options: dict[str, Any] = field(default_factory=dict)
+    """The plugin's fields given with other than their defaults, ``num_steps`` aside (``GradientState.plugin_kwargs``)."""
 
     @property
     def autocast_kwargs(self) -> AutocastKwargs | None:
@@ -96,16 +97,11 @@ def resolve_compat_options(
                 "window at the end of a dataloader, so the last short window of an epoch still steps.")
         options.accumulation_steps = gradient_accumulation_plugin.num_steps
         options.sync_each_batch = gradient_accumulation_plugin.sync_each_batch
+        options.accumulation_options = {name: value for name, value in gradient_accumulation_plugin.to_kwargs().items()
+                                        if name != "num_steps"}
     if rng_types:
         logger.warning("Accelerator(rng_types=%s): no effect in trainkit; a shuffled loader's generator is kept in "
                        "step across processes by the loader itself (see DataLoaderConfiguration.use_seedable_sampler).",
                        list(rng_types))
     return options
 
-
-def announce_dataloader_options(config: DataLoaderConfiguration) -> None:
-    """One line for each option that changes nothing in trainkit (see docs/migrating-from-accelerate.md)."""
-    if config.dispatch_batches:
-        logger.warning("DataLoaderConfiguration(dispatch_batches=True): iterable datasets are read by the main "
-                       "process and dispatched; map-style datasets are read by each process (its own part of the "
-                       "same batches).")

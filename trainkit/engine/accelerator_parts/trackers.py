@@ -11,7 +11,7 @@ from trainkit.engine.tracking import GeneralTracker, find_tracker, start_tracker
 
 
 class TrackerAPI:
-    """The run's trackers (main process only): JSONL always, plus those named in ``log_with``."""
+    """The run's trackers (main process only): those named in ``log_with`` (``"jsonl"`` for trainkit's JSONL log)."""
 
     trackers: list[GeneralTracker]
     log_with: list[Any]
@@ -29,7 +29,7 @@ class TrackerAPI:
 
     def init_trackers(self, project_name: str, config: dict[str, Any] | None = None,
                       init_kwargs: dict[str, dict[str, Any]] | None = None) -> None:
-        """Build the JSONL tracker and those named in ``log_with`` on every process and start them: the built-in
+        """Build the trackers named in ``log_with`` on every process and start them: the built-in
         ones create their runs on the main process only (so ``get_tracker`` answers everywhere, as in Accelerate)."""
         logging_dir = self.logging_dir or self.project_dir or "runs"
         self.trackers = start_trackers(project_name, logging_dir, self.log_with, init_kwargs, config)

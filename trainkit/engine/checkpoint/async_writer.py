@@ -34,7 +34,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from trainkit.config.values import check_async_save_when_busy
+from trainkit.config.checkpointing import ASYNC_SAVE_WHEN_BUSY
 
 from .background_gather import WriterMesh, gather_full
 from .errors import CheckpointError
@@ -60,8 +60,9 @@ class BackgroundCheckpointWriter:
     Made by the Accelerator's :class:`~.checkpointer.Checkpointer` when ``async_save`` is on; the loop reaches it
     through that object (``raise_pending_error`` at every ``backward``), never through ambient state."""
 
-    def __init__(self, when_busy: str = "wait") -> None:
-        self.when_busy = check_async_save_when_busy(when_busy, where="the background checkpoint writer")
+    def __init__(self, when_busy: str = ASYNC_SAVE_WHEN_BUSY.default) -> None:
+        self.when_busy = when_busy
+        """``async_save_when_busy`` as ``ProjectConfiguration`` parsed it (``trainkit.config.checkpointing``)."""
         self.pool = HostBufferPool()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None

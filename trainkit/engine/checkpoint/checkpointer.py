@@ -20,14 +20,11 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .accelerator_state import STATE_FILE
-from .async_writer import AfterCommit, BackgroundCheckpointWriter
+from trainkit.config.checkpointing import ASYNC_SAVE_WHEN_BUSY
+
 from .errors import CheckpointError, CorruptedCheckpointError, IncompleteCheckpointError
-from .model_state import Reading
 from .rendezvous import SaveRendezvous
 from .resume_folder import FolderConvention, find_resume_folder
-from .sinks import FileSink, WriteNow
-from .staged import StagedCheckpoint
 from .state_io import read_json
 from .storage.base import CheckpointStorage
 from .storage.node_local import NodeLocalStorage
@@ -35,14 +32,21 @@ from .storage.ranks import Ranks
 from .storage.registry import local_path, storage_for
 from .storage.shared_folder import SharedFolderStorage
 
+# The writers (async_writer, sinks, staged) and the state readers (model_state, accelerator_state) are imported
+# where a save or a load uses them: a run that neither saves nor resumes only asks where a checkpoint would be
+# (train() looks for one to resume from), and reaches its first step without them (benchmarks/first_step.py).
 if TYPE_CHECKING:
+    from .async_writer import AfterCommit, BackgroundCheckpointWriter
     from .global_batch import BatchShape
+    from .model_state import Reading
     from .protocol import CheckpointedAccelerator
+    from .sinks import FileSink
+    from .staged import StagedCheckpoint
     from .warmup import StagingAhead
 
 logger = logging.getLogger(__name__)
 
-WriteCheckpoint = Callable[[StagedCheckpoint], None]
+WriteCheckpoint = Callable[["StagedCheckpoint"], None]
 """Fills a staged checkpoint (called on every process taking part)."""
 
 
@@ -127,7 +131,10 @@ class Checkpointer:
         if not getattr(config, "async_save", False):
             return None
         if self.writer is None:
-            self.writer = BackgroundCheckpointWriter(getattr(config, "async_save_when_busy", "wait"))
+            from .async_writer import BackgroundCheckpointWriter
+
+            when_busy = getattr(config, "async_save_when_busy", ASYNC_SAVE_WHEN_BUSY.default)  # parsed by the config
+            self.writer = BackgroundCheckpointWriter(when_busy)
         return self.writer
 
     def flush(self) -> None:
@@ -148,6 +155,9 @@ class Checkpointer:
         that does not verify is kept aside (names the caller owns). ``after_commit`` runs once it is visible, on the
         process that wrote its shared files (one per folder holder).
         ``ranks``: the processes taking part (default: every process)."""
+        from .sinks import WriteNow
+        from .staged import StagedCheckpoint
+
         storage, final_dir, ranks = self.place(folder, ranks)
         metadata = self._with_layout(storage, ranks, metadata)
         full_everywhere = len(getattr(storage, "holders", ())) > 1
@@ -214,6 +224,8 @@ class Checkpointer:
     def open(self, folder: str | os.PathLike, *, checksums: bool = True) -> Reading:
         """Collective: verify the checkpoint ``folder`` (sizes, and SHA-256 unless ``checksums=False``) and return
         where its files are read from; raises before anything is loaded when it is damaged or incomplete."""
+        from .model_state import Reading
+
         storage, location, ranks = self.place(folder)
         manifest = storage.read(location, checksums=checksums, ranks=ranks)
         self._check_one_commit(location, manifest, ranks)
@@ -386,6 +398,8 @@ class Checkpointer:
         in ``read`` (the caller's own: ``trainer_state.json``) are returned. Nothing is changed when it is damaged
         or does not fit. ``load_models=False``: the weights are left to the caller (the Trainer's
         ``_load_from_checkpoint`` hook), everything else is restored."""
+        from .accelerator_state import STATE_FILE
+
         self.flush()  # a save still in flight is finished (and visible) before anything is read
         reading = self.open(folder, checksums=verify_checksums)
         engine_state = reading.storage.exists(reading.path(STATE_FILE))

@@ -1,7 +1,8 @@
 """``dispatch_batches=True``: the main process reads every global batch and hands each rank its slice.
 
-For streams that cannot be split (a single sequential source, a reader that must run once), rank 0
-iterates the user's DataLoader with the *global* batch size, cuts each collated batch along its first
+For streams that cannot be split (a single sequential source, a reader that must run once), and for map-style
+data when the script asks for it (as Accelerate does), rank 0 iterates the user's DataLoader with the *global*
+batch size (a map-style loader's batches taken ``num_processes`` at a time, :class:`GlobalBatches`), cuts each collated batch along its first
 dimension into one slice per rank and sends them with ``scatter_object_list``; the other ranks read
 nothing. A short last global batch is filled up by repeating its own rows, so every rank gets a full
 slice, and the real rows per rank travel with it (``gather_for_metrics`` keeps only those).
@@ -16,6 +17,39 @@ import torch
 
 from trainkit.engine.process import collectives
 from trainkit.engine.process.collectives import recursively_apply
+
+
+class GlobalBatches:
+    """A batch sampler's batches joined ``num_processes`` at a time: the global batches the main process reads for a
+    dispatched map-style loader (the last one short when the batches run out, unless ``drop_last``)."""
+
+    def __init__(self, batch_sampler: Any, num_processes: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        batch_size = getattr(batch_sampler, "batch_size", None)
+        self.batch_size = None if batch_size is None else batch_size * num_processes
+        self.drop_last = bool(getattr(batch_sampler, "drop_last", False))
+
+    @property
+    def sampler(self) -> Any:
+        """The sampler ordering the dataset (the wrapped batch sampler's)."""
+        return getattr(self.batch_sampler, "sampler", None)
+
+    def __len__(self) -> int:
+        batches = len(self.batch_sampler)
+        return batches // self.num_processes if self.drop_last else -(-batches // self.num_processes)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        joined: list[int] = []
+        taken = 0
+        for batch in self.batch_sampler:
+            joined.extend(batch)
+            taken += 1
+            if taken == self.num_processes:
+                yield joined
+                joined, taken = [], 0
+        if joined and not self.drop_last:
+            yield joined
 
 
 def batch_rows(batch: Any) -> int:

@@ -32,7 +32,7 @@ from trainkit.utils.dataclasses import DataLoaderConfiguration
 from .device import send_to_device
 from .shard_attributes import ShardAttributes
 from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler, shuffling
-from .dispatch import dispatched_batches
+from .dispatch import GlobalBatches, dispatched_batches
 from .generator_sync import SyncedGenerator
 from .pass_draws import PassDraws, reseeding
 from .streams import StreamShard, TaggedCollate, agreement_device, stream_batches
@@ -348,11 +348,10 @@ class PreparedDataLoader(DataLoaderStateMixin, ShardAttributes, DataLoader):
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # batches, not torch's _BaseDataLoaderIter
         self._begin_iteration()
         synced = self.synced_generator
-        sharded_by_indices = not (self.is_stream or self.dispatch_to)
         # A dispatched loader's other ranks only receive; they draw the base seed all the same, as Accelerate's do.
         new_iterator = self._draw_base_seed if self.dispatch_to and self.dispatch_to[1] != 0 else super().__iter__
         base = self.pass_draws.open(self, new_iterator, self.progress.epoch, self.progress.samples_seen,
-                                    synced.begin_pass if synced is not None and sharded_by_indices else None)
+                                    synced.begin_pass if synced is not None else None)
         iterator: Iterator[tuple[Any, list[int] | None, Any]]
         if self.is_stream or self.dispatch_to:
             iterator = self._stream_iterator(base)
@@ -531,9 +530,6 @@ def prepare_data_loader(
     dataset = dataloader.dataset
     if isinstance(dataset, IterableDataset) or _is_stream(dataset):
         return _prepare_stream(dataloader, num_processes, process_index, config, seed, common, kwargs)
-    if config.dispatch_batches and process_index == 0:
-        logger.info("dispatch_batches=True applies to iterable datasets; this map-style dataset is split by indices, "
-                    "so each process loads only its own samples anyway.")
     if dataloader.batch_sampler is None and isinstance(dataloader.sampler, BatchSampler):
         # sampler=BatchSampler(...), batch_size=None: the dataset is indexed with whole lists of indices (a batched
         # __getitem__). Shard the lists as any batch sampler's, and keep them in sampler= so that stays so.
@@ -546,25 +542,42 @@ def prepare_data_loader(
         return PreparedDataLoader._build(dataset, batch_size=None, sampler=dataloader.sampler, global_batch_size=None,
                                   **common, **kwargs)
     return _prepare_batch_sampler(dataloader, dataloader.batch_sampler, num_processes, process_index, config, seed,
-                                  common, kwargs, as_sampler=False)
+                                  common, kwargs, as_sampler=False, dispatched=bool(config.dispatch_batches))
 
 
 def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_processes: int, process_index: int,
                            config: DataLoaderConfiguration, seed: int, common: dict[str, Any], kwargs: dict[str, Any],
-                           *, as_sampler: bool) -> PreparedDataLoader:
-    """A map-style loader whose ``batch_sampler`` (or, ``as_sampler``, whose batch-yielding ``sampler``) is sharded."""
-    batch_sampler, synced, draw_order = shuffling(batch_sampler, config.use_seedable_sampler, seed, num_processes)
+                           *, as_sampler: bool, dispatched: bool = False) -> PreparedDataLoader:
+    """A map-style loader whose ``batch_sampler`` (or, ``as_sampler``, whose batch-yielding ``sampler``) is sharded;
+    ``dispatched``: read by the main process alone, which sends each process its slice (Accelerate's dispatcher)."""
+    # A dispatched loader's order is drawn by the main process alone: no other process reads the sampler.
+    shuffled_on = 1 if dispatched else num_processes
+    batch_sampler, synced, draw_order = shuffling(batch_sampler, config.use_seedable_sampler, seed, shuffled_on)
     batch_size = getattr(batch_sampler, "batch_size", None)
     if config.split_batches and batch_size is not None:
         _split_size(batch_size, num_processes)
-    sharded = ShardedBatchSampler(batch_sampler, num_processes, process_index,
-                                  split_batches=config.split_batches, even_batches=config.even_batches)
     global_size = None if batch_size is None else (batch_size if config.split_batches else batch_size * num_processes)
+    if dispatched:
+        if global_size is None:
+            raise ConfigError("dispatch_batches=True cuts global batches into one slice per process, so the "
+                              "DataLoader needs a fixed batch_size (or a batch sampler with one).")
+        if num_processes > 1 and callable(getattr(get_sampler(dataloader), "draw_pass_order", None)):
+            raise ConfigError("dispatch_batches=True with a sampler that agrees its order across processes "
+                              "(group_by_length): only the main process reads, so the others could not take part; "
+                              "leave dispatch_batches unset for map-style data.")
+        global_batches = batch_sampler if config.split_batches else GlobalBatches(batch_sampler, num_processes)
+        sharded = ShardedBatchSampler(global_batches, 1, 0, even_batches=False)
+    else:
+        sharded = ShardedBatchSampler(batch_sampler, num_processes, process_index,
+                                      split_batches=config.split_batches, even_batches=config.even_batches)
     batching = dict(batch_size=None, sampler=sharded) if as_sampler else dict(batch_sampler=sharded)
-    prepared = PreparedDataLoader._build(dataloader.dataset, global_batch_size=global_size, **batching, **common,
-                                         **kwargs)
+    loader_class = DataLoaderDispatcher if dispatched else PreparedDataLoader
+    prepared = loader_class._build(dataloader.dataset, global_batch_size=global_size, **batching, **common, **kwargs)
+    if dispatched:
+        prepared.dispatch_to = (num_processes, process_index)
     prepared.synced_generator = synced
     prepared.pass_draws.draw_order = draw_order
+    sharded.on_start = prepared.pass_draws.sampler_starts  # the order is drawn when the sampler starts, as its own
     return prepared
 
 

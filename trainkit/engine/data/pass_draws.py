@@ -89,6 +89,9 @@ class PassDraws:
         self._replay: dict[str, Any] | None = None
         self._replay_source: dict[str, Any] | None = None  # the loaded JSON, until the next pass takes it
         self._replay_read: tuple[Any, Any, torch.Tensor] | None = None
+        self._pending_order: tuple[torch.Generator, Callable[[], None] | None] | None = None
+        """The pass's order draw, made when the sampler starts (:meth:`sampler_starts`): its source, then what aligns
+        the shuffling generator once it has drawn."""
 
     # -- a pass ---------------------------------------------------------------------------------------
     def open(self, loader: Any, new_iterator: Callable[[], Iterator[Any]], epoch: int, skip: int,
@@ -113,33 +116,40 @@ class PassDraws:
                 self._start = {"global": torch.get_rng_state()}
                 if loader.generator is not None:
                     self._start["loader"] = loader.generator.get_state()
-            iterator = new_iterator()
             if draw_order is not None:
-                draw_order(torch.default_generator)
-        else:
-            iterator = self._replayed_iterator(loader, new_iterator, replay)
-        if begin_sampler_pass is not None and draw_order is not None:
-            begin_sampler_pass()
-        return iterator
+                self._pending_order = (torch.default_generator, begin_sampler_pass)
+            return new_iterator()
+        return self._replayed_iterator(loader, new_iterator, replay, begin_sampler_pass)
 
-    def _replayed_iterator(self, loader: Any, new_iterator: Callable[[], Iterator[Any]],
-                           replay: dict[str, Any]) -> Iterator[Any]:
+    def sampler_starts(self) -> None:
+        """The pass's sampler starts iterating: make its order draw now, as a sampler drawing for itself would (after
+        the iterator's base seed; with worker processes, inside the iterator's construction, whose prefetching
+        starts the sampler). Nothing when no draw is pending (a sampler iterated outside a pass)."""
+        pending, self._pending_order = self._pending_order, None
+        if pending is None or self.draw_order is None:
+            return
+        source, begin_sampler_pass = pending
+        self.draw_order(source)
+        if begin_sampler_pass is not None:
+            begin_sampler_pass()
+
+    def _replayed_iterator(self, loader: Any, new_iterator: Callable[[], Iterator[Any]], replay: dict[str, Any],
+                           begin_sampler_pass: Callable[[], None] | None) -> Iterator[Any]:
         """The starting draws from copies of the stored generator states; the live global state is left alone."""
         start = self._start = replay["start"]
         self._replay_read = replay["read_ahead"]
         stand_in = _generator_from(start.get("global") if start else None)  # draws what the global one drew
+        if self.draw_order is not None:
+            self._pending_order = (stand_in, begin_sampler_pass)
         own = loader.generator
         if own is not None and start and "loader" in start:
             own.set_state(start["loader"])  # the loader's own generator continues as it did
         else:
             loader.generator = stand_in if own is None else _generator_from(None)
         try:
-            iterator = new_iterator()
+            return new_iterator()
         finally:
             loader.generator = own
-        if self.draw_order is not None:
-            self.draw_order(stand_in)
-        return iterator
 
     def read(self, next_batch: Callable[[], Any]) -> Any:
         """Read the next batch, noting the global states it was collated from (or, for a resumed pass's first batch,
@@ -183,8 +193,14 @@ class PassDraws:
 def reseeding(generator: torch.Generator) -> Callable[[torch.Generator], None]:
     """The draw a ``RandomSampler`` without a generator makes at each pass, for the one it was given instead: a seed
     from ``source`` (torch's global generator in a fresh pass)."""
+    return _Reseeding(generator)
 
-    def draw(source: torch.Generator) -> None:
-        generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_(generator=source).item()))
 
-    return draw
+class _Reseeding:
+    """:func:`reseeding`'s draw (a class, so a prepared loader holding it pickles)."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def __call__(self, source: torch.Generator) -> None:
+        self.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_(generator=source).item()))

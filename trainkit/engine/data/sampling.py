@@ -106,6 +106,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
         """Samples of the global stream to pass over at the start of the next iteration (consumed once)."""
         self.final_real_samples = -1
         """Real (not padding) samples in the last global batch of the last iteration; -1 until known."""
+        self.on_start: Callable[[], None] | None = None
+        """Called as each iteration starts reading ``batch_sampler`` (a prepared loader's pass makes its order draw)."""
 
     def __len__(self) -> int:
         batches = len(self.batch_sampler)  # type: ignore[arg-type]  # the wrapped batch sampler is sized (a BatchSampler)
@@ -129,6 +131,8 @@ class ShardedBatchSampler(Sampler[list[int]]):
                 yield group
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.on_start is not None:
+            self.on_start()
         per_rank = self._per_rank_size()
         padding = _Padding(wanted=per_rank * self.num_processes if per_rank else 0)
         first_batches: list[list[int]] = []  # batches of varying size fill a short last round with these

@@ -270,17 +270,26 @@ def stream_batches(batches: Iterator[StreamBatch], shard: StreamShard, agree: bo
         if steps == 0:
             return
         if first is None:
-            if not held:
-                raise RuntimeError(
-                    f"Rank {shard.process_index} received no example of the stream while other ranks did: its "
-                    f"shards are empty. Use shards of similar sizes, or at least as many as processes x workers.")
-            first = held[0].batch
+            first = _first_batch(held, counts, shard.process_index)
         for step in range(steps):
             real = [rank[step] for rank in counts]
             if step < len(held):
                 yield held[step].batch, real, held[step].cursor
             else:
                 yield first, real, None
+
+
+def _first_batch(held: list[StreamBatch], counts: list[list[int]], process_index: int) -> Any:
+    """The batch a rank repeats once its own run out: its first one; a rank that got none at all (a stream shorter
+    than the processes: one example on two ranks) receives the first batch of the lowest rank that has one, so every
+    rank still takes every step (its rows counted as padding), as Accelerate pads a short stream."""
+    empty = [rank for rank, own in enumerate(counts) if not own[0]]
+    if not empty:
+        return held[0].batch
+    source = next(rank for rank, own in enumerate(counts) if own[0])
+    payload = [held[0].batch if process_index == source else None]
+    collectives.broadcast_object_list(payload, from_process=source)
+    return held[0].batch if held else payload[0]
 
 
 def _all_counts(real: list[int], device: torch.device) -> list[list[int]]:

@@ -68,11 +68,14 @@ def compute_dtype(mode: str) -> torch.dtype | None:
 def build_precision(mode: str, device: torch.device, scaler_kwargs: dict[str, Any] | None = None,
                     scaler_class: type[torch.amp.GradScaler] | None = None,
                     where: str = "Accelerator(mixed_precision=...)", options: Any = None) -> Precision:
-    """Validate ``mode`` (with a did-you-mean) and its device, then build its precision object.
+    """Validate ``mode`` (a name other than a declared mode's is parsed, with a did-you-mean) and its device,
+    then build its precision object.
 
     ``options``: the mode's own settings (its declared options object, resolved with provenance); a mode that
     declares options and is given none gets its declaration's defaults."""
-    mode = parse_mixed_precision(mode, where=where)
+    # The resolved config's mode is canonical already (parsed once, where it entered): only another name is parsed.
+    if not (isinstance(mode, str) and mode in DECLARED):
+        mode = parse_mixed_precision(mode, where=where)
     check_precision_device(mode, device.type, where=where)
     declared = DECLARED.get(mode)
     if options is None and declared is not None and declared.options is not None:

@@ -31,15 +31,18 @@ def check_processes_fit_gpus(processes_per_machine: int, gpu_count: int, *, wher
 
 
 def choose_device(local_rank: int, local_world_size: int, *, cpu: bool, assigned: str | None = None) -> torch.device:
-    """This process's device: the CPU when asked or when there is no GPU, else the GPU the launcher assigned
-    (``assigned``, from ``ACCELERATE_TORCH_DEVICE``), else GPU ``local_rank``.
+    """This process's device: a CPU device the launcher named (``assigned``, from ``ACCELERATE_TORCH_DEVICE``, kept
+    as written), else the CPU when asked or when there is no GPU, else the GPU the launcher assigned, else GPU
+    ``local_rank``.
 
     Ray Train assigns each worker its GPU and names it in ``ACCELERATE_TORCH_DEVICE`` (Accelerate reads the
     same variable): its index among the visible GPUs need not be the local rank. The GPU becomes the
     process's current CUDA device, so kernels and NCCL use it without being told.
     """
     named = _named_device(assigned) if assigned is not None else None
-    if cpu or not torch.cuda.is_available() or (named is not None and named.type == "cpu"):
+    if named is not None and named.type == "cpu":
+        return named  # as named, index included ("cpu:64"), as Accelerate's state.device: placement is the CPU's
+    if cpu or not torch.cuda.is_available():
         return torch.device("cpu")
     if named is not None:
         index = 0 if named.index is None else named.index

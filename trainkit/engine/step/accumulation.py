@@ -37,8 +37,10 @@ class WindowedLoader(Protocol):
 class GradientState(GradientStateAPI):
     """Per-Accelerator accumulation bookkeeping, fed by ``accumulate`` and the prepared dataloaders."""
 
-    def __init__(self, num_steps: int = 1, *, caller_opens_windows: bool = False) -> None:
+    def __init__(self, num_steps: int = 1, *, caller_opens_windows: bool = False,
+                 plugin_options: dict[str, Any] | None = None) -> None:
         self.num_steps = num_steps
+        self.plugin_options = dict(plugin_options or {})
         """The run's accumulation: micro-batches per optimizer step (the one answer, also where the caller opens
         the windows)."""
         self.caller_opens_windows = caller_opens_windows

@@ -12,6 +12,8 @@ class GradientStateAPI:
     _dataloaders: list[Any]
     num_steps: int = 1
     """Micro-batches per optimizer step (set per Accelerator)."""
+    plugin_options: dict[str, Any]
+    """The ``GradientAccumulationPlugin`` fields given with other than their default values, ``num_steps`` aside."""
     sync_with_dataloader = True
     """Always True: trainkit closes the accumulation window at the end of every prepared dataloader."""
     is_xla_gradients_synced = False
@@ -21,6 +23,13 @@ class GradientStateAPI:
     def initialized(self) -> bool:
         """True: the state exists once an Accelerator (or ``GradientState()``) made it."""
         return True
+
+    @property
+    def plugin_kwargs(self) -> dict[str, Any]:
+        """Accelerate's view of the accumulation options: ``num_steps`` and the plugin's fields given with other than
+        their defaults (e.g. ``sync_each_batch``), read by transformers' Trainer. A new dict at each read: change the
+        accumulation through ``accelerator.gradient_accumulation_steps``."""
+        return {"num_steps": self.num_steps, **self.plugin_options}
 
     @property
     def adjust_scheduler(self) -> bool:

@@ -4,7 +4,8 @@ One function serves ``Accelerator.unwrap_model`` and ``trainkit.utils.extract_mo
 Accelerate's options: ``keep_fp32_wrapper=False`` restores the forward that mixed precision replaced, and
 ``keep_torch_compile`` decides whether a ``torch.compile`` wrapper (``OptimizedModule``) comes back around
 the unwrapped module or is dropped. trainkit's own compilation is in place (no wrapper), so the option only
-matters for a model the script compiled itself.
+matters for a model the script compiled itself (``torch.compile``, or ``compile_regions``' twin, which keeps its
+original under ``_orig_mod``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ def extract_model(model: nn.Module, *, keep_fp32_wrapper: bool = True, keep_torc
     compiled: nn.Module | None = None
     if is_compiled_module(model):
         compiled, model = model, _compiled_inner(model)
+    elif isinstance(model.__dict__.get("_orig_mod"), nn.Module) and has_compiled_regions(model):
+        compiled, model = model, model.__dict__["_orig_mod"]  # compile_regions' twin: the module it was made from
     model = _strip_parallel(model, strategy_unwrap)
     if compiled is None and is_compiled_module(model):  # the script compiled before prepare
         compiled, model = model, _strip_parallel(_compiled_inner(model), strategy_unwrap)
@@ -69,7 +72,10 @@ def extract_model(model: nn.Module, *, keep_fp32_wrapper: bool = True, keep_torc
     if not keep_fp32_wrapper:
         _restore_forward(model)
     if keep_torch_compile and compiled is not None:
-        compiled._orig_mod = model
+        if is_compiled_module(compiled):
+            compiled._orig_mod = model
+        else:
+            compiled.__dict__["_orig_mod"] = model
         return compiled
     return model
 

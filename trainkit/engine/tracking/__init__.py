@@ -1,4 +1,4 @@
-"""Experiment trackers: a JSONL file always; TensorBoard, Weights & Biases and MLflow when installed; any
+"""Experiment trackers: a JSONL file (``"jsonl"``, when named); TensorBoard, Weights & Biases and MLflow when installed; any
 :class:`GeneralTracker` a script registers. The contract is in :mod:`.base`, the one table of names in :mod:`.registry`.
 """
 

@@ -98,6 +98,6 @@ def jsonable(value: Any) -> Any:
 
 
 def warn_skipped(tracker: str, key: str, value: Any) -> None:
-    """Say once per value that ``tracker`` cannot log it (metrics.jsonl still has it)."""
-    logger.warning("%s: %r=%r is not a number%s; not logged there (it is in metrics.jsonl).", tracker, key, value,
+    """Say once per value that ``tracker`` cannot log it (the JSONL log, ``"jsonl"``, keeps any value)."""
+    logger.warning("%s: %r=%r is not a number%s; not logged there (the 'jsonl' tracker keeps it).", tracker, key, value,
                    "" if tracker == "mlflow" else ", string or dict of numbers")

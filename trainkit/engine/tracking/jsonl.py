@@ -1,4 +1,4 @@
-"""The tracker every run has: one JSON line per ``log`` call, always on disk."""
+"""trainkit's own tracker (``log_with="jsonl"``, ``report_to="jsonl"``): one JSON line per ``log`` call, on disk at once."""
 
 from __future__ import annotations
 

@@ -35,7 +35,8 @@ def tracker_names() -> tuple[str, ...]:
 
 
 def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTracker] | None) -> list[str | GeneralTracker]:
-    """Validate ``log_with`` and expand "all" into the installed trackers."""
+    """Validate ``log_with`` and expand "all" into the installed trackers (the JSONL log is written only when named:
+    ``"all"`` means Accelerate's trackers, so it writes the files Accelerate's would)."""
     if log_with is None:
         return []
     items = list(log_with) if isinstance(log_with, (list, tuple)) else [log_with]  # one name, LoggerType or tracker
@@ -49,7 +50,7 @@ def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTrac
             resolved.extend(n for n, (_, available) in OPTIONAL_TRACKERS.items() if available())
         elif name in OPTIONAL_TRACKERS and not OPTIONAL_TRACKERS[name][1]():
             raise ImportError(f"log_with={name!r} needs the {name} package: pip install 'trainkit[{name}]'.")
-        elif name != "jsonl":
+        else:
             resolved.append(name)
     return resolved
 
@@ -57,10 +58,11 @@ def resolve_log_with(log_with: str | GeneralTracker | Sequence[str | GeneralTrac
 def start_trackers(run_name: str, logging_dir: str, log_with: list[str | GeneralTracker],
                    init_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
                    config: Mapping[str, Any] | None = None) -> list[GeneralTracker]:
-    """Build the JSONL tracker plus every requested one, ``start()`` each (tracker instances given in
-    ``log_with`` too), then store ``config`` in each (main process only), in Accelerate's order."""
+    """Build every requested tracker (the JSONL log only when named: no file Accelerate would not write),
+    ``start()`` each (tracker instances given in ``log_with`` too), then store ``config`` in each (main process
+    only), in Accelerate's order."""
     init_kwargs = init_kwargs or {}
-    trackers: list[GeneralTracker] = [JSONLTracker(run_name, logging_dir)]
+    trackers: list[GeneralTracker] = []
     for item in log_with:
         if isinstance(item, GeneralTracker):
             trackers.append(item)
@@ -76,7 +78,7 @@ def start_trackers(run_name: str, logging_dir: str, log_with: list[str | General
 
 def _build_one(name: str, run_name: str, logging_dir: str, kwargs: dict[str, Any]) -> GeneralTracker:
     """Accelerate's convention: the run name first, then the logging folder for trackers that need one."""
-    tracker_cls: Any = OPTIONAL_TRACKERS[name][0]
+    tracker_cls: Any = JSONLTracker if name == "jsonl" else OPTIONAL_TRACKERS[name][0]
     if name == "wandb":
         kwargs.setdefault("dir", logging_dir)  # W&B's files beside the other trackers'
     if getattr(tracker_cls, "requires_logging_directory", False):
@@ -89,7 +91,7 @@ def check_logging_directory(log_with: list[str | GeneralTracker], logging_dir: A
     ``log_with="tensorboard"`` without ``project_dir``/``logging_dir`` when the Accelerator is made)."""
     if logging_dir is None:
         for item in log_with:
-            cls = OPTIONAL_TRACKERS[item][0] if isinstance(item, str) and item in OPTIONAL_TRACKERS else None
+            cls = {"jsonl": JSONLTracker, **tracker_classes()}.get(item) if isinstance(item, str) else None
             if cls is not None and getattr(cls, "requires_logging_directory", False):
                 raise ValueError(f"Logging with `{item}` requires a `logging_dir`: pass project_dir=... (or "
                                  "project_config=ProjectConfiguration(logging_dir=...)) to the Accelerator.")

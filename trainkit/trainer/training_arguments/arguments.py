@@ -122,7 +122,7 @@ class TrainingArguments(ProcessAttributes, ArgumentSetters):
     log_level: str = field(default="passive", metadata={"help": "Logging level of the main process (passive leaves it alone)."})
     log_level_replica: str = field(default="warning", metadata={"help": "Logging level of the other processes."})
     disable_tqdm: bool | None = field(default=None, metadata={"help": "Hide the progress bar (default: hidden when logging is quieter than WARNING)."})
-    report_to: None | str | list[str] = field(default="none", metadata={"help": "Trackers: none | all | tensorboard | wandb | mlflow (a JSONL log is always written)."})
+    report_to: None | str | list[str] = field(default="none", metadata={"help": "Trackers: none | all | jsonl | tensorboard | wandb | mlflow ('jsonl': trainkit's metrics.jsonl, written only when named)."})
     run_name: str | None = field(default=None, metadata={"help": "Run name shown by trackers (default: output_dir)."})
     project: str = field(default="huggingface", metadata={"help": "Project name used by the Trackio tracker only (trainkit does not drive Trackio)."})
     trackio_space_id: str | None = field(default=None, metadata={"help": "Trackio Space id (needs the Trackio tracker, absent from trainkit)."})
@@ -459,7 +459,8 @@ def _normalise_report_to(value: Any) -> list[str]:
         return []
     if items == ["all"]:
         return ["all"]
-    # The engine's one list; "all" means every installed one, "none" none (the JSONL log is always written).
+    # The engine's one list; "all" means every installed one ("jsonl" only when named, as transformers writes no such
+    # file), "none" none.
     return [check_choice("report_to", item, (*tracker_names(), "all", "none"), where=WHERE) for item in items]
 
 

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice
-from trainkit.config.values import check_async_save_when_busy
+from trainkit.config.checkpointing import training_arguments_fields as checkpointing_fields
 from trainkit.trainer.training_arguments.older_fields import apply_older_fields
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,8 @@ def check_transformers_fields(args: Any) -> None:
     _check_distributed(args)
     _check_data_loading(args)
     _check_evaluation(args)
-    check_async_save_when_busy(args.async_save_when_busy, where=WHERE)
+    for name, (_, option) in checkpointing_fields().items():  # parsed here, once: the Trainer hands them over
+        setattr(args, name, option.read(getattr(args, name), name, WHERE))
     _check_checkpoint_dir(args)
     _check_precision_device(args)
     _apply_tf32(args.tf32, args.use_cpu)

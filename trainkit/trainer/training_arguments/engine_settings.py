@@ -13,18 +13,24 @@ each with where it came from. ``TrainingArguments`` stay what the script wrote, 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from trainkit.config.checkpointing import training_arguments_fields as checkpointing_fields
 from trainkit.config.dynamo import TorchDynamoPlugin
 from trainkit.config.engine import FSDP_PREFIX, EngineConfig, Setting, parse_parallelism, resolve_engine_config
 from trainkit.config.errors import ConfigError, check_choice
 from trainkit.config.fsdp import FSDPOptions
+from trainkit.config.options import declared_options
 
 from trainkit.engine import deepspeed_plugin_settings, dynamo_from_arguments, transformers_layout
 
 from .arguments import FSDP_SHARDING_WORDS, TrainingArguments
 
 SOURCE = "TrainingArguments"
+_TRANSFORMERS_DEFAULTS = {field.name: field.default for field in dataclasses.fields(TrainingArguments)}
+"""Each field's default (transformers' own: ``trainer/training_arguments/fields.py`` compares them); a field left
+there is not set."""
 
 
 def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any = None,
@@ -39,15 +45,12 @@ def training_arguments_settings(args: TrainingArguments, deepspeed_plugin: Any =
     if args.torch_compile:
         plugin = TorchDynamoPlugin(backend=args.torch_compile_backend or "inductor", mode=args.torch_compile_mode)
         settings["dynamo"] = Setting(dynamo_from_arguments(None, plugin), f"{SOURCE}(torch_compile=True)")
-    if args.fp16 or args.bf16:
-        settings["mixed_precision"] = Setting(args.mixed_precision, f"{SOURCE}({'fp16' if args.fp16 else 'bf16'}=True)")
-    if args.gradient_accumulation_steps != 1:
-        settings["gradient_accumulation_steps"] = Setting(args.gradient_accumulation_steps,
-                                                          f"{SOURCE}(gradient_accumulation_steps=)")
-    if args.use_cpu:
-        settings["use_cpu"] = Setting(True, f"{SOURCE}(use_cpu=True)")
-    if args.ddp_timeout_if_set is not None:  # 1800 (transformers' default) counts as not set
-        settings["collective_timeout"] = Setting(float(args.ddp_timeout), f"{SOURCE}(ddp_timeout=)")
+    for name, declared in declared_options(EngineConfig).items():
+        for keyword in declared.training_arguments:  # the first field set wins (fp16 before bf16)
+            given = getattr(args, keyword.name)
+            if not keyword.is_unset(given, _TRANSFORMERS_DEFAULTS[keyword.name]):
+                settings[name] = Setting(*keyword.setting(given, SOURCE))
+                break
     layout = transformers_layout(model)  # a model from_pretrained(distributed_config=...) already sharded
     if args.parallelism_config is not None:
         settings["parallelism"] = Setting(args.parallelism_config, f"{SOURCE}(parallelism_config=)")
@@ -93,9 +96,8 @@ def accelerator_arguments(args: TrainingArguments, deepspeed_plugin: Any = None,
         **engine_options(args),  # DDP keywords, process-group backend/timeout, DataLoader configuration
         "log_with": (args.report_to[0] if args.report_to == ["all"] else args.report_to) or None,
         "project_dir": args.output_dir,
-        "project_config": ProjectConfiguration(async_save=args.async_save,
-                                               async_save_when_busy=args.async_save_when_busy,
-                                               save_on_each_node=args.save_on_each_node),
+        "project_config": ProjectConfiguration.from_parsed(  # the checkpointing section, parsed by the checks
+            **{project_field: getattr(args, field) for field, (project_field, _) in checkpointing_fields().items()}),
     }
 
 
