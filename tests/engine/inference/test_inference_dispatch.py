@@ -18,16 +18,7 @@ from trainkit.hooks import (AlignDevicesHook, add_hook_to_module, attach_align_d
                             attach_execution_device_hook, remove_hook_from_module, remove_hook_from_submodules)
 from trainkit.utils import align_module_device, get_state_dict_offloaded_model, has_offloaded_params
 
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear1 = nn.Linear(3, 4)
-        self.norm = nn.BatchNorm1d(4)
-        self.linear2 = nn.Linear(4, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear2(self.norm(self.linear1(x)))
+from tests.engine.inference.nets import Net
 
 
 class ReadsChildWeights(nn.Module):

@@ -16,16 +16,7 @@ from trainkit.hooks import (LayerwiseCastingHook, ModelHook, SequentialHook, Use
                             remove_hook_from_module, remove_hook_from_submodules)
 from trainkit.utils.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 
-
-class Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear1 = nn.Linear(3, 4)
-        self.norm = nn.BatchNorm1d(4)
-        self.linear2 = nn.Linear(4, 5)
-
-    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        return self.linear2(self.norm(self.linear1(x))) * scale
+from tests.engine.inference.nets import Net
 
 
 class AddToInput(ModelHook):
