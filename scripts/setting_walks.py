@@ -83,7 +83,11 @@ def launch(*flags):
     import runpy
     from trainkit.cli import launch_command
     from trainkit.cli.main import build_parser
-    launch_command._exec_single_process = lambda args: runpy.run_path(args.training_script, run_name="__main__")
+    def in_this_process(args, replace_process):  # the child's environment, then its script, here
+        os.environ.update(launch_command.prepare_simple_launcher_cmd_env(args)[1])
+        runpy.run_path(args.training_script, run_name="__main__")
+        return 0
+    launch_command._run_single_process = in_this_process
     script = os.path.join(WORK, "script.py")
     with open(script, "w") as handle:
         handle.write(SCRIPT)
