@@ -59,6 +59,16 @@ def _walk(tree: ast.AST, *, typing_only: bool) -> list[ast.AST]:
     return found
 
 
+def _imported_from(module: str, node: ast.ImportFrom, is_package: bool) -> str:
+    """The absolute module a ``from ... import`` in ``module`` reads from (relative levels resolved)."""
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if is_package else module.split(".")[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join(package + ([base] if base else []))
+    return base
+
+
 def _imported_names(module: str, path: Path, is_package: bool, *, typing_only: bool = True) -> set[str]:
     """Every module name ``module`` imports in its source (absolute, dotted); ``typing_only=False`` leaves out
     the imports under ``if TYPE_CHECKING:`` (they never run)."""
@@ -67,11 +77,7 @@ def _imported_names(module: str, path: Path, is_package: bool, *, typing_only: b
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                package = module.split(".") if is_package else module.split(".")[:-1]
-                package = package[: len(package) - (node.level - 1)]
-                base = ".".join(package + ([base] if base else []))
+            base = _imported_from(module, node, is_package)
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
                 names.add(submodule if submodule in MODULES else base)
@@ -151,12 +157,7 @@ def _face_violations(module: str, source: str, is_package: bool = False) -> list
         if isinstance(node, ast.Import):
             imports = [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                package = module.split(".") if is_package else module.split(".")[:-1]
-                package = package[: len(package) - (node.level - 1)]
-                base = ".".join(package + ([base] if base else []))
-            imports = [(base, [alias.name for alias in node.names])]
+            imports = [(_imported_from(module, node, is_package), [alias.name for alias in node.names])]
         else:
             continue
         for target, names in imports:
