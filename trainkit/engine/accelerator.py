@@ -539,7 +539,8 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
                    safe_serialization: bool = True) -> None:
         """Write the full weights with Accelerate's file names: ``model.safetensors`` (``pytorch_model.bin``, torch's
         format, with ``safe_serialization=False``), or shards plus an index above ``max_shard_size``
-        (:func:`~trainkit.engine.checkpoint.serialization.save_weights`).
+        (:func:`~trainkit.engine.checkpoint.serialization.save_weights`). Weights files of the same format that an
+        earlier save left in the folder are removed.
 
         A model dispatched with offloaded weights (parameters on ``meta``) is saved from its offloaded copies,
         one module at a time on the CPU."""
@@ -554,7 +555,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         else:
             state_dict = self.get_state_dict(model)
         if self.is_main_process:
-            save_weights(state_dict, os.fspath(save_directory), max_shard_size, safe_serialization)
+            save_weights(state_dict, os.fspath(save_directory), max_shard_size, safe_serialization, remove_stale=True)
         self.wait_for_everyone()
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:

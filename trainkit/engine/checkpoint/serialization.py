@@ -120,21 +120,23 @@ def split_into_shards(tensors: dict[str, torch.Tensor], max_shard_size: int | st
 
 
 def save_weights(state_dict: dict[str, torch.Tensor], directory: str, max_shard_size: int | str = "10GB",
-                 safe_serialization: bool = True) -> list[str]:
+                 safe_serialization: bool = True, remove_stale: bool = False) -> list[str]:
     """Write ``state_dict`` into ``directory`` as Accelerate's ``save_model`` does; return the files written.
 
     ``safe_serialization``: ``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` shards with
     ``model.safetensors.index.json``; tied names are written once and listed in the metadata. Otherwise torch's
     format: ``pytorch_model.bin``, or ``pytorch_model-0000i-of-0000n.bin`` shards with
-    ``pytorch_model.bin.index.json``; tied names stay in their source's shard, sharing its storage. Files of the
-    same format left by an earlier save that this one does not write are removed, so the folder holds one model."""
+    ``pytorch_model.bin.index.json``; tied names stay in their source's shard, sharing its storage.
+    ``remove_stale``: files of the same format left by an earlier save that this one does not write are removed, so
+    the folder holds one model (``save_model``'s folder; never a checkpoint's, whose files its manifest lists)."""
     os.makedirs(directory, exist_ok=True)
     tensors, aliases = _deduplicate(state_dict)
     shards = split_into_shards(tensors, max_shard_size)
     weights = SAFETENSORS if safe_serialization else TORCH_PICKLE
     names = [weights.single] if len(shards) == 1 else [weights.shard_name(i + 1, len(shards)) for i in range(len(shards))]
     written = [*names, *([] if len(shards) == 1 else [weights.index])]
-    _remove_stale_files(directory, weights, keep=set(written))
+    if remove_stale:
+        _remove_stale_files(directory, weights, keep=set(written))
     weight_map: dict[str, str] = {}
     for name, shard in zip(names, shards):
         if safe_serialization:
