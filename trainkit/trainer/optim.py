@@ -53,7 +53,7 @@ BUILT_WITH_TORCH: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] 
 """torch's own optimizers among the ``optim`` names, with what transformers adds to the learning rate (and to Adam's
 betas and epsilon for AdamW) when ``optim_args`` is empty: resolved here, so a plain ``nn.Module`` run need not
 import transformers (~0.3 s of start-up). Any other name, or any ``optim_args``, is resolved by transformers;
-``tests/trainer/test_optimizer_resolution.py`` compares both ways for every name."""
+``tests/trainer/test_built_here.py`` compares these with transformers' resolution."""
 
 
 def _built_with_torch(args: Any) -> tuple[Any, dict[str, Any]]:

@@ -5,7 +5,7 @@ The four everyday schedules without extra arguments (``linear``, the default, ``
 ``functools.partial`` as transformers binds its own, so the rates, ``state_dict()`` and resumes are the ones
 transformers' ``get_scheduler`` gives. Every other name, and any ``lr_scheduler_kwargs``, goes to transformers'
 ``get_scheduler`` itself. Building the common ones here keeps a plain ``nn.Module`` run from importing
-transformers (~0.3 s of start-up). ``tests/trainer/test_schedules.py`` compares every factor with transformers'
+transformers (~0.3 s of start-up). ``tests/trainer/test_built_here.py`` compares each with transformers'
 schedule, step by step, for several warm-up and run lengths.
 """
 
