@@ -83,6 +83,7 @@ class WeightsFormat:
     """The index naming each tensor's shard, beside the shards."""
 
     def shard_name(self, number: int, count: int) -> str:
+        """The name of shard ``number`` (from 1) of ``count``."""
         return f"{self.shard_prefix}-{number:05d}-of-{count:05d}{self.shard_suffix}"
 
     def owns(self, filename: str) -> bool:
@@ -137,11 +138,11 @@ def save_weights(state_dict: dict[str, torch.Tensor], directory: str, max_shard_
     written = [*names, *([] if len(shards) == 1 else [weights.index])]
     if remove_stale:
         _remove_stale_files(directory, weights, keep=set(written))
+    tied_metadata = {"trainkit_tied": json.dumps(aliases)} if aliases else None
     weight_map: dict[str, str] = {}
     for name, shard in zip(names, shards):
         if safe_serialization:
-            metadata = {"trainkit_tied": json.dumps(aliases)} if aliases else None
-            write_safetensors_file(shard, os.path.join(directory, name), metadata)
+            write_safetensors_file(shard, os.path.join(directory, name), tied_metadata)
         else:
             shard = {**shard, **{alias: shard[source] for alias, source in aliases.items() if source in shard}}
             torch.save(shard, os.path.join(directory, name))
