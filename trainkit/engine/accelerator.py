@@ -47,7 +47,6 @@ from trainkit.engine.accelerator_parts.identity import ProcessIdentity
 from trainkit.engine.precision.base import Precision
 from trainkit.engine.accelerator_parts.prepared import PreparedObjects
 from trainkit.engine.data.sampling import shared_data_seed
-from trainkit.engine.process.control import only_when
 from trainkit.engine.process.splitting import split_between
 from trainkit.engine.process.state import ProcessState, require_accelerator_state
 from trainkit.engine.process.state_views import AcceleratorState
