@@ -24,15 +24,18 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
-# Each stage: (label, modules imported in it). transformers.trainer_utils imports peft at module level whenever
-# peft is installed, and peft imports transformers' model code (and accelerate, when installed).
+# Each stage: (label, modules imported in it). trainkit's own modules come first; the transformers stages are what
+# a run pays when it needs transformers (a transformers model, an optimizer or schedule transformers resolves, a
+# collator for other features): a plain nn.Module run with torch's optimizers does not (each run's line says
+# whether it imported transformers). transformers.trainer_utils imports peft at module level whenever peft is
+# installed, and peft imports transformers' model code (and accelerate, when installed).
 STAGES = [
+    ("trainkit's Trainer, arguments and engine", ["trainkit.trainer.trainer", "trainkit.engine.accelerator"]),
     ("transformers (package)", ["transformers"]),
     ("transformers.trainer_utils (+ peft, accelerate if installed)", ["transformers.trainer_utils"]),
     ("optimizer names/handlers, get_scheduler", ["transformers.training_args", "transformers.trainer_optimizer",
                                                  "transformers.optimization", "transformers.trainer_pt_utils"]),
     ("default_data_collator", ["transformers.data.data_collator"]),
-    ("trainkit's Trainer, arguments and engine", ["trainkit.trainer.trainer", "trainkit.engine.accelerator"]),
 ]
 
 STAGE_CODE = r"""
@@ -81,16 +84,19 @@ def main() -> None:
         print(json.dumps({"benchmark": "first_step", "workload": args.workload, "stage": label,
                           "cpu_s": round(cpu, 3), "modules": stage_runs[0][index][1]}), flush=True)
     to_first_step: dict[str, list[float]] = {"hand_written": [], "trainkit": []}
+    imports_transformers: dict[str, bool] = {}
     for rep in range(args.reps):
         for loop in (["hand_written", "trainkit"] if rep % 2 == 0 else ["trainkit", "hand_written"]):
             line = run_json([sys.executable, str(HERE / "trainer_child.py"), "--loop", loop, "--workload",
                              args.workload, "--steps", "2", "--warmup", "0"])
             to_first_step[loop].append(line["startup_cpu_s"])
+            imports_transformers[loop] = line["imports_transformers"]
     hand = statistics.median(to_first_step["hand_written"])
     for loop, values in to_first_step.items():
         print(json.dumps({"benchmark": "first_step", "workload": args.workload, "loop": loop,
                           "cpu_to_first_step_s": round(statistics.median(values), 3),
-                          "delta_vs_hand_written_s": round(statistics.median(values) - hand, 3)}), flush=True)
+                          "delta_vs_hand_written_s": round(statistics.median(values) - hand, 3),
+                          "imports_transformers": imports_transformers[loop]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -75,7 +76,8 @@ def report(step_ends: list[float], first_step_end: float, global_batch: int, war
         return
     gaps = [b - a for a, b in zip(step_ends[warmup:], step_ends[warmup + 1:])]
     print(json.dumps({"step_s": statistics.median(gaps), "startup_s": first_step_end - LAUNCH,
-                      "startup_cpu_s": FIRST_STEP_CPU[0], "global_batch": global_batch}), flush=True)
+                      "startup_cpu_s": FIRST_STEP_CPU[0], "global_batch": global_batch,
+                      "imports_transformers": "transformers" in sys.modules}), flush=True)
 
 
 def hand_written(args: argparse.Namespace) -> None:

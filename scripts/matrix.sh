@@ -53,6 +53,7 @@ case "$cell" in
            tests/trainer/test_stream_units.py
            tests/trainer/test_argument_fields.py tests/trainer/test_argument_wiring.py  # the release's own fields
            tests/trainer/test_optim.py tests/trainer/seq2seq/test_seq2seq.py  # optim names, Seq2Seq fields: 5.1's own
+           tests/trainer/test_built_here.py  # what a plain module's run builds itself, against 5.1's own
            tests/engine/parallel/test_sequence_split.py  # sp/cp against 5.1's attention registry and models
            "tests/cli/test_cli_launch.py::test_two_processes_with_flags_overriding_the_file")
     ;;

@@ -67,7 +67,9 @@ class GradientState(metaclass=_SharedStateAlias):
             return accelerator.gradient_state
         steps = getattr(gradient_accumulation_plugin, "num_steps", None) or 1
         given = gradient_accumulation_plugin.to_kwargs() if gradient_accumulation_plugin is not None else {}
-        return _EngineGradientState(int(steps), plugin_options={k: v for k, v in given.items() if k != "num_steps"})
+        fresh = _EngineGradientState(int(steps), plugin_options={k: v for k, v in given.items() if k != "num_steps"})
+        fresh.num_steps_given = "num_steps" in given
+        return fresh
 
     @staticmethod
     def _reset_state() -> None:

@@ -309,12 +309,61 @@ def test_gradient_state_answers_accelerates_attributes():
 
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     state = GradientState()
-    assert state.num_steps == 2 and state.sync_with_dataloader and state.adjust_scheduler and state.initialized
+    assert state.num_steps == 2 and state.sync_with_dataloader and state.initialized
     assert state.is_xla_gradients_synced is False and state.dataloader_references == [None]
     loader = accelerator.prepare(DataLoader(list(range(4)), batch_size=2))
     for _ in loader:
         assert state.dataloader_references == [None, loader]
     assert state.dataloader_references == [None]
+
+
+@pytest.mark.parametrize("options", [{}, {"gradient_accumulation_steps": 4},
+                                     {"plugin": {"num_steps": 2}}, {"plugin": {"num_steps": 2, "adjust_scheduler": True}},
+                                     {"plugin": {"num_steps": 2, "adjust_scheduler": False}}])
+def test_adjust_scheduler_reads_false_as_accelerates_does(options):
+    """Accelerate 1.15 reports False in each of these cases, before and after prepare (its GradientState reads the
+    option from the plugin's non-default fields only, so the default True never shows)."""
+    from trainkit.utils import GradientAccumulationPlugin
+
+    plugin = options.pop("plugin", None)
+    accelerator = Accelerator(cpu=True, **options, **(
+        {"gradient_accumulation_plugin": GradientAccumulationPlugin(**plugin)} if plugin else {}))
+    assert accelerator.gradient_state.adjust_scheduler is False and GradientState().adjust_scheduler is False
+    accelerator.prepare(nn.Linear(2, 2))
+    assert accelerator.gradient_state.adjust_scheduler is False
+
+
+def test_a_gradient_state_made_before_any_accelerator_names_only_the_plugins_given_fields():
+    """Accelerate's ``GradientState()`` without an Accelerator: ``plugin_kwargs`` is the plugin's ``to_kwargs()``."""
+    from trainkit.utils import GradientAccumulationPlugin
+
+    assert GradientState().plugin_kwargs == {} and GradientState().num_steps == 1
+    assert GradientState(GradientAccumulationPlugin()).plugin_kwargs == {}
+    assert GradientState(GradientAccumulationPlugin(num_steps=3)).plugin_kwargs == {"num_steps": 3}
+    assert GradientState().adjust_scheduler is False
+
+
+def test_scheduler_steps_only_on_optimizer_steps_under_accumulation():
+    """10 micro-batches, 4 per optimizer step, LambdaLR 1/(1+s): the learning rates and the scheduler's state are
+    those Accelerate 1.15 gives on the same script (3 optimizer steps: its step count is not advanced in between)."""
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    loader = torch.utils.data.DataLoader(torch.randn(10, 4), batch_size=1)
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    rates = []
+    for batch in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(model(batch).pow(2).mean())
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            rates.append(scheduler.get_last_lr()[0])
+    assert rates == pytest.approx([1, 1, 1, 1 / 2, 1 / 2, 1 / 2, 1 / 2, 1 / 3, 1 / 3, 1 / 4], abs=1e-12)
+    state = scheduler.state_dict()
+    assert (state["last_epoch"], state["_step_count"]) == (3, 4)
 
 
 def test_dataclasses_module_names():

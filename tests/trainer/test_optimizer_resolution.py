@@ -1,5 +1,5 @@
-"""The Trainer resolves ``optim`` names and weight-decay groups as transformers' own ``Trainer`` does, without
-importing ``transformers.trainer`` (CPU only; one subprocess for the import check, a few seconds).
+"""The Trainer resolves ``optim`` names and weight-decay groups as transformers' own ``Trainer`` does (CPU only; a
+plain module's run without transformers at all: test_built_here.py).
 
 The oracle is the installed transformers: ``Trainer.get_optimizer_cls_and_kwargs`` and
 ``Trainer.get_decay_parameter_names`` are called side by side with trainkit's resolution for every name.
@@ -7,16 +7,11 @@ The oracle is the installed transformers: ``Trainer.get_optimizer_cls_and_kwargs
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 from torch import nn
 from transformers import Trainer as TransformersTrainer
 
-from tests.distributed import REPO, worker_env
 from trainkit import TrainingArguments
 from trainkit.trainer import optim
 
@@ -64,37 +59,3 @@ def test_decay_groups_are_transformers_trainers():
         ours = optim.decay_parameter_names(model)
         assert ours == TransformersTrainer.get_decay_parameter_names(None, model)
         assert 0 < len(ours) < len(list(model.parameters()))  # some excluded, some kept: the rule was exercised
-
-
-def test_training_does_not_import_transformers_trainer():
-    """Resolving the optimizer through transformers' handler table keeps ``transformers.trainer`` (and the model
-    code, datasets and pandas it loads) out of a Trainer script that does not use them."""
-    pytest.importorskip("transformers.trainer_optimizer", reason="transformers < 5.17 has no handler table")
-    script = textwrap.dedent("""
-        import sys, tempfile, torch
-        from trainkit import Trainer, TrainingArguments
-
-        class Rows(torch.utils.data.Dataset):
-            def __len__(self):
-                return 8
-            def __getitem__(self, i):
-                return {"x": torch.full((2,), float(i)), "labels": torch.tensor(float(i))}
-
-        class Model(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.layer = torch.nn.Linear(2, 1)
-            def forward(self, x, labels):
-                return {"loss": ((self.layer(x).squeeze(-1) - labels) ** 2).mean()}
-
-        args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=2, per_device_train_batch_size=4,
-                                 use_cpu=True, report_to="none", disable_tqdm=True, save_strategy="no",
-                                 optim="adamw_torch_fused")
-        Trainer(model=Model(), args=args, train_dataset=Rows()).train()
-        heavy = [name for name in ("transformers.trainer", "datasets", "pandas") if name in sys.modules]
-        print("HEAVY", heavy)
-    """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            env=worker_env(), cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "HEAVY []" in result.stdout, result.stdout[-2000:]

@@ -47,7 +47,6 @@ from trainkit.engine.accelerator_parts.identity import ProcessIdentity
 from trainkit.engine.precision.base import Precision
 from trainkit.engine.accelerator_parts.prepared import PreparedObjects
 from trainkit.engine.data.sampling import shared_data_seed
-from trainkit.engine.process.control import only_when
 from trainkit.engine.process.splitting import split_between
 from trainkit.engine.process.state import ProcessState, require_accelerator_state
 from trainkit.engine.process.state_views import AcceleratorState
@@ -537,12 +536,17 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
 
     def save_model(self, model: nn.Module, save_directory: str | os.PathLike, max_shard_size: int | str = "10GB",
                    safe_serialization: bool = True) -> None:
-        """Write the full weights as safetensors (sharded files plus an index above ``max_shard_size``).
+        """Write the full weights with Accelerate's file names: ``model.safetensors`` (``pytorch_model.bin``, torch's
+        format, with ``safe_serialization=False``), or shards plus an index above ``max_shard_size``
+        (:func:`~trainkit.engine.checkpoint.serialization.save_weights`). Weights files of the same format that an
+        earlier save left in the folder are removed.
 
         A model dispatched with offloaded weights (parameters on ``meta``) is saved from its offloaded copies,
         one module at a time on the CPU."""
-        from trainkit.engine.checkpoint.serialization import save_safetensors
+        from trainkit.engine.checkpoint.serialization import save_weights
 
+        if os.path.isfile(save_directory):
+            raise ValueError(f"save_model: {os.fspath(save_directory)!r} is a file; give a folder to write the weights to.")
         if any(parameter.device.type == "meta" for parameter in model.parameters()):
             from trainkit.engine.inference.align import get_state_dict_offloaded_model
 
@@ -550,7 +554,7 @@ class Accelerator(ProcessIdentity, TrackerAPI, CheckpointAPI, AccelerateAttribut
         else:
             state_dict = self.get_state_dict(model)
         if self.is_main_process:
-            save_safetensors(state_dict, os.fspath(save_directory), max_shard_size)
+            save_weights(state_dict, os.fspath(save_directory), max_shard_size, safe_serialization, remove_stale=True)
         self.wait_for_everyone()
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:

@@ -67,8 +67,14 @@ def default_collator(processing_class: Any):
 
 
 def collate_any(features: list[Any]) -> Any:
-    """Dict features go through transformers' default_data_collator ('label' -> 'labels'); others through torch's."""
+    """Dict features as transformers' default_data_collator collates them ('label' -> 'labels'); others through
+    torch's ``default_collate``. Dicts of tensors only (no 'label'/'label_ids') are stacked here, key by key, which
+    is all that collator does with them; any other dict goes to it (a plain ``nn.Module`` run need not import
+    transformers for tensors: ~0.3 s of start-up)."""
     if features and isinstance(features[0], Mapping):
+        first = features[0]
+        if all(isinstance(value, torch.Tensor) for value in first.values()) and not {"label", "label_ids"} & set(first):
+            return {key: torch.stack([feature[key] for feature in features]) for key in first}
         from transformers.data.data_collator import default_data_collator
 
         return default_data_collator(features)

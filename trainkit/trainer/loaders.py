@@ -33,6 +33,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger("trainkit.trainer.trainer")
 
 
+def seed_worker(worker_id: int, num_workers: int, rank: int) -> None:
+    """Seed a training loader's worker as transformers' ``trainer_utils.seed_worker`` does: python, numpy and torch
+    from the worker's torch seed plus ``num_workers * rank`` (the same for every worker of a process, as there)."""
+    from trainkit.engine import set_seed
+
+    set_seed(num_workers * rank + torch.initial_seed() % 2**32)
+
+
 def is_columnar(dataset: Any) -> bool:
     """A ``datasets.Dataset``-like table whose columns are known: unused ones are removed from the table itself."""
     return hasattr(dataset, "remove_columns") and getattr(dataset, "column_names", None) is not None
@@ -112,8 +120,6 @@ class DataLoaderMethods:
         workers = args.dataloader_num_workers
         worker_init_fn = None
         if is_training and sampler is not None:  # transformers seeds a map-style training loader's workers
-            from transformers.trainer_utils import seed_worker
-
             worker_init_fn = functools.partial(seed_worker, num_workers=workers, rank=args.process_index)
         loader = DataLoader(
             dataset, batch_size=batch_size, sampler=sampler, collate_fn=collator,

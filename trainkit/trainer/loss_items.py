@@ -72,13 +72,13 @@ def loss_uses_num_items(model: nn.Module) -> bool:
 
 def loss_shifts_labels(model: nn.Module) -> bool:
     """Whether transformers leaves each row's first label out of the count (see the module doc)."""
-    if installed_transformers_release() < SHIFTED_CAUSAL_COUNT_SINCE:
-        return False
-    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
-
     model = _peeled(model)
     loss_type = getattr(model, "loss_type", None)
-    causal = loss_type is not None and LOSS_MAPPING.get(loss_type) is ForCausalLMLoss
+    if loss_type is None or installed_transformers_release() < SHIFTED_CAUSAL_COUNT_SINCE:
+        return False  # no transformers loss type (a plain nn.Module): nothing to import to know it
+    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+
+    causal = LOSS_MAPPING.get(loss_type) is ForCausalLMLoss
     return causal and not getattr(getattr(model, "config", None), "is_encoder_decoder", False)
 
 

@@ -56,9 +56,31 @@ def train_with_batch_size_search(trainer: Any, run: Callable[..., Any], batch_si
             logger.warning("Out of memory: training again with a training batch size of %d per process.", batch_size)
 
 
+class SkippedMemoryMetrics:
+    """What transformers' TrainerMemoryTracker does under ``skip_memory_metrics=True`` (the default): nothing, with
+    its methods, so subclasses that call ``self._memory_tracker.start()`` work; built without importing
+    transformers."""
+
+    skip_memory_metrics = True
+
+    def start(self) -> None:
+        """Nothing to measure."""
+
+    def stop(self, stage: str) -> None:
+        """Nothing to measure."""
+
+    def update_metrics(self, stage: str, metrics: dict[str, Any]) -> None:
+        """No metric to add."""
+
+    def stop_and_update_metrics(self, metrics: dict[str, Any] | None = None) -> None:
+        """No metric to add."""
+
+
 def memory_tracker(args: TrainingArguments) -> Any:
     """transformers' TrainerMemoryTracker: with skip_memory_metrics=False it adds ``*_mem_*_delta`` metrics
     to train/evaluate results (CPU through psutil, plus the GPU where there is one)."""
+    if args.skip_memory_metrics:
+        return SkippedMemoryMetrics()
     from transformers.trainer_utils import TrainerMemoryTracker
 
     tracker = TrainerMemoryTracker(args.skip_memory_metrics)

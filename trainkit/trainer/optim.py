@@ -1,17 +1,18 @@
-"""Optimizers and learning-rate schedules named by TrainingArguments (``optim``, ``lr_scheduler_type``).
+"""Optimizers named by TrainingArguments (``optim``, ``optim_args``) and their parameter groups.
 
-Every ``optim`` name is resolved by the installed transformers itself: the handler table of its public static
-``Trainer.get_optimizer_cls_and_kwargs(args, model)`` gives the class and keyword arguments, so each name
-means what it means in that release (its ``optim_args`` keys, its packages, its defaults). Parameter groups
-follow transformers' ``get_decay_parameter_names`` (no decay on biases and normalisation weights). What the
-resolution cannot tell before a run is checked at construction (:func:`check_optimizer_name`): a name whose
-package is missing is refused naming it, and a name that needs hardware this machine lacks says which.
-Schedules are transformers' own ``get_scheduler``.
+Every ``optim`` name means what the installed transformers makes of it: torch's own optimizers with no
+``optim_args`` (:data:`BUILT_WITH_TORCH`) are built here with transformers' keywords; every other name is resolved
+by the handler table of transformers' public static ``Trainer.get_optimizer_cls_and_kwargs(args, model)``, so each
+means what it means in that release (its ``optim_args`` keys, its packages, its defaults). Parameter groups follow
+transformers' ``get_decay_parameter_names`` (no decay on biases and normalisation weights). What the resolution
+cannot tell before a run is checked at construction (:func:`check_optimizer_name`): a name whose package is missing
+is refused naming it, and a name that needs hardware this machine lacks says which. Schedules: schedules.py.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,27 @@ def _importable(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+BUILT_WITH_TORCH: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any]]] = {
+    "adamw_torch": (torch.optim.AdamW, {}),
+    "adamw_torch_fused": (torch.optim.AdamW, {"fused": True}),
+    "sgd": (torch.optim.SGD, {}),
+    "adagrad": (torch.optim.Adagrad, {}),
+    "rmsprop": (torch.optim.RMSprop, {}),
+}
+"""torch's own optimizers among the ``optim`` names, with what transformers adds to the learning rate (and to Adam's
+betas and epsilon for AdamW) when ``optim_args`` is empty: resolved here, so a plain ``nn.Module`` run need not
+import transformers (~0.3 s of start-up). Any other name, or any ``optim_args``, is resolved by transformers;
+``tests/trainer/test_built_here.py`` compares these with transformers' resolution."""
+
+
+def _built_with_torch(args: Any) -> tuple[Any, dict[str, Any]]:
+    optimizer_cls, extra = BUILT_WITH_TORCH[args.optim]
+    kwargs: dict[str, Any] = {"lr": args.learning_rate}
+    if optimizer_cls is torch.optim.AdamW:
+        kwargs.update(betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_epsilon)
+    return optimizer_cls, {**kwargs, **extra}
+
+
 def optimizer_names() -> list[str]:
     """Every ``optim`` value the installed transformers defines (its ``OptimizerNames``)."""
     from transformers.training_args import OptimizerNames
@@ -68,8 +90,11 @@ def optimizer_cls_and_kwargs(args: Any, model: nn.Module | None = None,
                              optim_args: str | None | bool = True) -> tuple[Any, dict[str, Any]]:
     """transformers' ``Trainer.get_optimizer_cls_and_kwargs`` for trainkit's ``args`` (``optim_args=True``: the
     arguments' own; a string or None: that instead, used to find which keys a name reads)."""
-    view = _ResolverArguments(args, args.optim_args if optim_args is True else optim_args or None)
-    optimizer_cls, kwargs = _resolve(view, model)
+    chosen_args = args.optim_args if optim_args is True else optim_args or None
+    if args.optim in BUILT_WITH_TORCH and not chosen_args:
+        optimizer_cls, kwargs = _built_with_torch(args)
+    else:
+        optimizer_cls, kwargs = _resolve(_ResolverArguments(args, chosen_args), model)
     if kwargs.get("fused") and "params" not in kwargs and model is not None and not _fused_supported(model):
         logger.info("Fused AdamW is not available for these parameters; using the foreach implementation.")
         kwargs = {key: value for key, value in kwargs.items() if key != "fused"}
@@ -104,6 +129,8 @@ def check_optimizer_name(args: Any) -> None:
     Resolved without the model: names that need it (LOMO, GaLore, APOLLO) are finished by ``create_optimizer``.
     """
     name = args.optim
+    if name in BUILT_WITH_TORCH and not args.optim_args:
+        return  # torch's own optimizer: nothing to install, any hardware
     keys = _parsed_optim_args(args.optim_args)  # a malformed string fails here, before transformers' parser does
     if name in HARDWARE_ONLY:
         needs, present = HARDWARE_ONLY[name]
@@ -153,12 +180,22 @@ weights); ``tests/trainer/test_optimizer_resolution.py`` compares the rule with 
 
 
 def decay_parameter_names(model: nn.Module) -> list[str]:
-    """transformers' rule (its ``Trainer.get_decay_parameter_names``): every parameter but biases, ``nn.LayerNorm``
-    weights and parameters whose names say norm (layernorm, rmsnorm, .norm, _norm), through the same
-    ``trainer_pt_utils.get_parameter_names`` that method calls (without importing ``transformers.trainer``)."""
-    from transformers.trainer_pt_utils import get_parameter_names
+    """transformers' rule (its ``Trainer.get_decay_parameter_names``), in its order: every parameter name but those
+    inside an ``nn.LayerNorm`` below the top module and those whose lower-cased name, read from any module on the way
+    down, says bias or norm (layernorm, rmsnorm, .norm, _norm); registered ``None`` parameters are named too."""
+    patterns = [re.compile(pattern) for pattern in NO_DECAY_NAME_PATTERNS]
 
-    return get_parameter_names(model, [nn.LayerNorm], list(NO_DECAY_NAME_PATTERNS))
+    def decayed(name: str) -> bool:
+        return not any(pattern.search(name.lower()) for pattern in patterns)
+
+    def names_in(module: nn.Module) -> list[str]:
+        names = []
+        for child_name, child in module.named_children():
+            if not isinstance(child, nn.LayerNorm):
+                names += [f"{child_name}.{name}" for name in names_in(child) if decayed(f"{child_name}.{name}")]
+        return names + [name for name in module._parameters if decayed(name)]
+
+    return names_in(model)
 
 
 def parameter_groups(model: nn.Module, decay_names: list[str] | set[str], weight_decay: float) -> list[dict[str, Any]]:
@@ -250,52 +287,3 @@ def is_lomo(optimizer: Any) -> bool:
     """A LOMO optimizer (``lomo``/``adalomo``): it updates the weights inside backward (``fused_backward``)."""
     inner = getattr(optimizer, "optimizer", optimizer)
     return callable(getattr(inner, "fused_backward", None))
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, args, num_training_steps: int):
-    """transformers' schedule ``args.lr_scheduler_type`` over ``num_training_steps`` optimizer steps."""
-    from transformers.optimization import get_scheduler
-
-    if type(optimizer).__name__ == "LayerWiseDummyOptimizer":
-        optimizer = _LayerWiseAsScheduled(optimizer)
-    return get_scheduler(
-        args.lr_scheduler_type,
-        optimizer=optimizer,
-        num_warmup_steps=args.warmup_steps_for(num_training_steps),
-        num_training_steps=num_training_steps,
-        scheduler_specific_kwargs=dict(args.lr_scheduler_kwargs or {}),
-    )
-
-
-class _LayerWiseAsScheduled(torch.optim.Optimizer):
-    """A layer-wise optimizer (GaLore/APOLLO ``*_layerwise``) as transformers' Trainer hands it to ``get_scheduler``:
-    already wrapped by Accelerate, so the schedule is built over the placeholder's one group (the layers' own
-    optimizers keep the base rate; transformers' per-layer schedules are not attached under its Trainer)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:  # Optimizer.__init__ deliberately not called
-        self.optimizer = optimizer
-        self.defaults = optimizer.defaults
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]  # the wrapped optimizer's groups, read through
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # the wrapped optimizer's step, called through
-        """Nothing: the layers step in their gradient hooks."""
-
-
-def replan_schedule(trainer: Any, max_steps: int) -> None:
-    """Re-span a schedule the Trainer built when a new run plans a different number of steps (the object stays
-    the one registered for checkpointing; its state is replaced by a fresh schedule's)."""
-    if not getattr(trainer, "_scheduler_built", False) or getattr(trainer, "_scheduled_steps", None) == max_steps:
-        return
-    optimizer = trainer.lr_scheduler.optimizer
-    for group in optimizer.param_groups:
-        group["lr"] = group.get("initial_lr", group["lr"])
-    fresh = build_scheduler(optimizer, trainer.args, max_steps)
-    trainer.lr_scheduler.__dict__.update(fresh.__dict__)
-    trainer._scheduled_steps = max_steps

@@ -140,7 +140,7 @@ class PlanMethods:
 def log_plan(trainer: Any, values: TrainingValues, train_dataloader: Any) -> None:
     """The run's shape at INFO level when training starts, on the main process (``log_level="info"`` shows it,
     as transformers' "Running training" block)."""
-    if not trainer.is_world_process_zero():
+    if not trainer.is_world_process_zero() or not logger.isEnabledFor(logging.INFO):
         return
     try:
         examples = f"{len(train_dataloader.dataset):,}"

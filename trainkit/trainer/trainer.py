@@ -48,7 +48,7 @@ from .memory import batch_size_to_resume, maybe_empty_cache, memory_tracker, tra
 from .meter import TrainingMeter, flops_parameters, throughput_logs, training_logs
 from .model_features import prepare_model_features
 from .neftune import neftune_while_training
-from .optim import build_scheduler, replan_schedule
+from .schedules import build_scheduler, replan_schedule
 from .plan import PlanMethods, length_or_none, loader_epoch, log_plan, window_sizes
 from .reporting import ReportingMethods, apply_log_level
 from .sampling import SamplingHooks, seed_run

@@ -188,7 +188,8 @@ class GradientAccumulationPlugin(KwargsHandler):
     """Accumulation options (``Accelerator(gradient_accumulation_plugin=...)``).
 
     num_steps: micro-batches per optimizer step.
-    adjust_scheduler: prepared schedulers advance once per optimizer step (trainkit always does).
+    adjust_scheduler: accepted; as in Accelerate, prepared schedulers advance on optimizer steps only and
+        ``GradientState.adjust_scheduler`` reads False whatever is given (Accelerate's reading).
     sync_with_dataloader: close the accumulation window at the end of a dataloader (trainkit always does).
     sync_each_batch: synchronise gradients on every micro-batch (saves memory under DDP/FSDP, costs bandwidth).
     """

@@ -8,8 +8,9 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader
 
 from .device import send_to_device
-from .loader import DataLoaderDispatcher, DataLoaderStateMixin, DataProgress, PreparedDataLoader, get_sampler, prepare_data_loader
-from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler
+from .loader import DataLoaderDispatcher, DataLoaderStateMixin, DataProgress, PreparedDataLoader
+from .preparation import loading_arguments, prepare_data_loader
+from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler, get_sampler
 from .stream_sources import ShardedIterable
 from .streams import StreamShard
 
@@ -36,12 +37,8 @@ def skip_batches(dataloader: DataLoader, num_batches: int) -> DataLoader:
     """A copy of an unprepared ``dataloader`` that starts ``num_batches`` batches in."""
     if dataloader.batch_sampler is None:
         raise ValueError("skip_first_batches needs a DataLoader with batches (batch_size or batch_sampler).")
-    names = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
-             "generator", "prefetch_factor", "persistent_workers", "pin_memory_device")
-    kwargs = {name: getattr(dataloader, name) for name in names if hasattr(dataloader, name)}
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs["prefetch_factor"] = None
-    return DataLoader(dataloader.dataset, batch_sampler=_SkipBatchSampler(dataloader.batch_sampler, num_batches), **kwargs)
+    return DataLoader(dataloader.dataset, batch_sampler=_SkipBatchSampler(dataloader.batch_sampler, num_batches),
+                      **loading_arguments(dataloader))
 
 
 __all__ = [

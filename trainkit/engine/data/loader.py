@@ -1,49 +1,37 @@
-"""Prepared dataloaders: per-rank sharding, device placement, epoch seeding and a resumable position.
+"""Prepared dataloaders: per-rank batches on the device, epoch seeding and a resumable position.
 
-``prepare_data_loader`` rebuilds the user's DataLoader around a :class:`ShardedBatchSampler` (or a
-:class:`~.streams.StreamShard`) and returns a :class:`PreparedDataLoader`, still a ``DataLoader``
-with the same ``dataset``, ``len()`` and collate function; ``len()`` is always the whole epoch's
-(neither a resume nor ``skip_first_batches`` changes it; the view ``skip_first_batches`` returns is
-shorter, as in Accelerate). Its position is a cursor in samples of the global stream plus the epoch.
-A checkpoint always stores both; loading restores the epoch, and, when the loader resumes mid-epoch
-(``DataLoaderConfiguration(use_stateful_dataloader=True)``, and the Trainer), the exact next batch on
-any world size with the same global batch, by skipping indices, not by loading the skipped batches.
-An iterable dataset's rank (and each worker) reads only its own shards, and its position is the
-stream's own cursor (see :mod:`.streams`), from which it always continues; with ``dispatch_batches``
-the main process reads for all (see :mod:`.dispatch`).
+A :class:`PreparedDataLoader` (built by :func:`~.preparation.prepare_data_loader` around a
+:class:`ShardedBatchSampler` or a :class:`~.streams.StreamShard`) is still a ``DataLoader`` with the user's
+``dataset``, ``len()`` and collate function; ``len()`` is always the whole epoch's (neither a resume nor
+``skip_first_batches`` changes it; the view ``skip_first_batches`` returns is shorter, as in Accelerate). Its
+position is a cursor in samples of the global stream plus the epoch. A checkpoint always stores both; loading
+restores the epoch, and, when the loader resumes mid-epoch (``DataLoaderConfiguration(use_stateful_dataloader=True)``,
+and the Trainer), the exact next batch on any world size with the same global batch, by skipping indices, not by
+loading the skipped batches. An iterable dataset's rank (and each worker) reads only its own shards, and its position
+is the stream's own cursor (see :mod:`.streams`), from which it always continues; with ``dispatch_batches`` the main
+process reads for all (see :mod:`.dispatch`; :class:`DataLoaderDispatcher` is Accelerate's constructor for that).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import logging
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader
 
-from trainkit.config.errors import ConfigError
 from trainkit.engine.step.accumulation import GradientState
-from trainkit.utils.dataclasses import DataLoaderConfiguration
 
 from .device import send_to_device
 from .shard_attributes import ShardAttributes
-from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler, shuffling
-from .dispatch import GlobalBatches, dispatched_batches
+from .sampling import IterableDatasetShard, SeedableRandomSampler, ShardedBatchSampler, get_sampler
+from .dispatch import dispatched_batches
 from .generator_sync import SyncedGenerator
 from .pass_draws import PassDraws, reseeding
-from .streams import StreamShard, TaggedCollate, agreement_device, stream_batches
-
-logger = logging.getLogger(__name__)
-
-# DataLoader arguments carried over unchanged from the user's loader when it is rebuilt.
-_PASSTHROUGH = (
-    "num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn",
-    "multiprocessing_context", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order",
-)
+from .streams import StreamShard, agreement_device, stream_batches
 
 
 @dataclass
@@ -501,147 +489,3 @@ def _dispatched_batch_size(batch_sampler: Any, batch_size: int | None, split_bat
         raise ValueError(f"DataLoaderDispatcher(split_batches=True): batch size {batch_size} must be a multiple "
                          f"of the {world} processes, so that each gets an equal slice.")
     return int(batch_size)
-
-
-def prepare_data_loader(
-    dataloader: DataLoader,
-    *,
-    num_processes: int,
-    process_index: int,
-    device: torch.device | None,
-    gradient_state: GradientState,
-    config: DataLoaderConfiguration,
-    seed: int,
-) -> PreparedDataLoader:
-    """Rebuild ``dataloader`` so this rank reads its share of every global batch (see module doc)."""
-    if isinstance(dataloader, PreparedDataLoader):
-        return dataloader
-    kwargs = {name: getattr(dataloader, name) for name in _PASSTHROUGH if hasattr(dataloader, name)}
-    kwargs["generator"] = dataloader.generator  # each pass's base seed comes from it (None: torch's global RNG)
-    if kwargs.get("num_workers", 0) == 0:
-        kwargs["prefetch_factor"] = None
-    on_gpu = device is not None and device.type == "cuda"
-    if on_gpu:
-        # Pinned batches copy to the GPU asynchronously: the step never waits on the host for its input.
-        # Host-to-device copies are always safe to overlap (the stream orders the kernels that read them).
-        kwargs["pin_memory"] = True
-    common = dict(device=device, gradient_state=gradient_state, seed=seed, non_blocking=config.non_blocking or on_gpu,
-                  resume_mid_epoch=config.use_stateful_dataloader)
-    dataset = dataloader.dataset
-    if isinstance(dataset, IterableDataset) or _is_stream(dataset):
-        return _prepare_stream(dataloader, num_processes, process_index, config, seed, common, kwargs)
-    if dataloader.batch_sampler is None and isinstance(dataloader.sampler, BatchSampler):
-        # sampler=BatchSampler(...), batch_size=None: the dataset is indexed with whole lists of indices (a batched
-        # __getitem__). Shard the lists as any batch sampler's, and keep them in sampler= so that stays so.
-        return _prepare_batch_sampler(dataloader, dataloader.sampler, num_processes, process_index, config, seed,
-                                      common, kwargs, as_sampler=True)
-    if dataloader.batch_sampler is None:
-        if num_processes > 1:
-            raise ConfigError("A DataLoader with batch_size=None cannot be sharded across processes; "
-                              "give it a batch_size or a batch_sampler.")
-        return PreparedDataLoader._build(dataset, batch_size=None, sampler=dataloader.sampler, global_batch_size=None,
-                                  **common, **kwargs)
-    return _prepare_batch_sampler(dataloader, dataloader.batch_sampler, num_processes, process_index, config, seed,
-                                  common, kwargs, as_sampler=False, dispatched=bool(config.dispatch_batches))
-
-
-def _prepare_batch_sampler(dataloader: DataLoader, batch_sampler: Any, num_processes: int, process_index: int,
-                           config: DataLoaderConfiguration, seed: int, common: dict[str, Any], kwargs: dict[str, Any],
-                           *, as_sampler: bool, dispatched: bool = False) -> PreparedDataLoader:
-    """A map-style loader whose ``batch_sampler`` (or, ``as_sampler``, whose batch-yielding ``sampler``) is sharded;
-    ``dispatched``: read by the main process alone, which sends each process its slice (Accelerate's dispatcher)."""
-    # A dispatched loader's order is drawn by the main process alone: no other process reads the sampler.
-    shuffled_on = 1 if dispatched else num_processes
-    batch_sampler, synced, draw_order = shuffling(batch_sampler, config.use_seedable_sampler, seed, shuffled_on)
-    batch_size = getattr(batch_sampler, "batch_size", None)
-    if config.split_batches and batch_size is not None:
-        _split_size(batch_size, num_processes)
-    global_size = None if batch_size is None else (batch_size if config.split_batches else batch_size * num_processes)
-    if dispatched:
-        if global_size is None:
-            raise ConfigError("dispatch_batches=True cuts global batches into one slice per process, so the "
-                              "DataLoader needs a fixed batch_size (or a batch sampler with one).")
-        if num_processes > 1 and callable(getattr(get_sampler(dataloader), "draw_pass_order", None)):
-            raise ConfigError("dispatch_batches=True with a sampler that agrees its order across processes "
-                              "(group_by_length): only the main process reads, so the others could not take part; "
-                              "leave dispatch_batches unset for map-style data.")
-        global_batches = batch_sampler if config.split_batches else GlobalBatches(batch_sampler, num_processes)
-        sharded = ShardedBatchSampler(global_batches, 1, 0, even_batches=False)
-    else:
-        sharded = ShardedBatchSampler(batch_sampler, num_processes, process_index,
-                                      split_batches=config.split_batches, even_batches=config.even_batches)
-    batching = dict(batch_size=None, sampler=sharded) if as_sampler else dict(batch_sampler=sharded)
-    loader_class = DataLoaderDispatcher if dispatched else PreparedDataLoader
-    prepared = loader_class._build(dataloader.dataset, global_batch_size=global_size, **batching, **common, **kwargs)
-    if dispatched:
-        prepared.dispatch_to = (num_processes, process_index)
-    prepared.synced_generator = synced
-    prepared.pass_draws.draw_order = draw_order
-    sharded.on_start = prepared.pass_draws.sampler_starts  # the order is drawn when the sampler starts, as its own
-    return prepared
-
-
-def _is_stream(dataset: Any) -> bool:
-    """A ``datasets.IterableDataset`` is a torch IterableDataset only once torch is imported first; check by name."""
-    return type(dataset).__name__ == "IterableDataset" and (type(dataset).__module__ or "").startswith("datasets.")
-
-
-def _prepare_stream(dataloader: DataLoader, num_processes: int, process_index: int, config: DataLoaderConfiguration,
-                    seed: int, common: dict[str, Any], kwargs: dict[str, Any]) -> PreparedDataLoader:
-    """A loader over a :class:`StreamShard`: this rank's workers read only this rank's shards."""
-    batch_size = dataloader.batch_size
-    if batch_size is None and num_processes == 1:  # unbatched samples on one process: nothing to shard
-        return PreparedDataLoader._build(dataloader.dataset, batch_size=None, global_batch_size=None, **common, **kwargs)
-    if batch_size is None:
-        raise ConfigError("An iterable dataset needs a DataLoader with a batch_size to be sharded across processes.")
-    if config.split_batches:
-        batch_size = _split_size(batch_size, num_processes)
-    if config.dispatch_batches:
-        prepared = DataLoaderDispatcher._build(dataloader.dataset, batch_size=batch_size * num_processes,
-                                      drop_last=dataloader.drop_last, global_batch_size=batch_size * num_processes,
-                                      **common, **kwargs)
-        prepared.dispatch_to = (num_processes, process_index)
-        return prepared
-    workers = kwargs.get("num_workers", 0)
-    if kwargs.get("persistent_workers"):
-        # Workers keep the dataset they were started with, so a new epoch's shard deal or a resumed
-        # position would never reach them.
-        logger.warning("persistent_workers=True is turned off for a streamed dataset: each epoch deals its shards anew.")
-        kwargs["persistent_workers"] = False
-    if getattr(config, "use_stateful_dataloader", False) and process_index == 0:
-        logger.warning("use_stateful_dataloader=True: a streamed dataset's position is already saved by trainkit's own "
-                       "per-reader cursor (exact with workers, on any number of processes); torchdata is not used.")
-    kwargs["collate_fn"] = TaggedCollate(kwargs.get("collate_fn") or torch.utils.data.default_collate)
-    stream = StreamShard(dataloader.dataset, batch_size=batch_size, num_processes=num_processes,
-                         process_index=process_index, num_workers=workers, drop_last=dataloader.drop_last,
-                         even_batches=config.even_batches, seed=seed)
-    if stream.mode == "positions" and num_processes > 1 and process_index == 0:
-        logger.info("The iterable dataset has no shards (or fewer than the %d processes): every process reads the "
-                    "whole stream and keeps 1 example in %d.", num_processes, stream.num_readers)
-    return PreparedDataLoader._build(stream, batch_size=batch_size, drop_last=dataloader.drop_last,
-                              global_batch_size=batch_size * num_processes, **common, **kwargs)
-
-
-def _split_size(batch_size: int | None, num_processes: int) -> int:
-    if batch_size is None or batch_size % num_processes:
-        raise ConfigError(
-            f"split_batches=True needs a batch size divisible by the number of processes "
-            f"({num_processes}); got {batch_size}."
-        )
-    return batch_size // num_processes
-
-
-def get_sampler(dataloader: DataLoader) -> Any:
-    """The sampler that orders ``dataloader``'s samples, through any batch samplers wrapped around it.
-
-    For a plain DataLoader it is Accelerate's answer (the batch sampler's ``sampler``); for a prepared loader
-    it is the sampler under the sharding batch sampler. None when there is none (an iterable dataset).
-    """
-    if isinstance(dataloader.sampler, BatchSampler):  # a batch sampler passed as sampler= (batch_size=None)
-        return getattr(dataloader.sampler, "sampler", None)
-    wrapper: Any = dataloader.batch_sampler
-    if wrapper is None and isinstance(dataloader.sampler, ShardedBatchSampler):
-        wrapper = dataloader.sampler  # a prepared loader over a batch sampler given as sampler=
-    while wrapper is not None and not hasattr(wrapper, "sampler") and hasattr(wrapper, "batch_sampler"):
-        wrapper = wrapper.batch_sampler  # ShardedBatchSampler, _SkipBatchSampler: look underneath
-    return getattr(wrapper, "sampler", None)

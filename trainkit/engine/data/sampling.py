@@ -343,3 +343,19 @@ def shuffling(batch_sampler: Any, use_seedable_sampler: bool, seed: int,
     replaced = copy.copy(batch_sampler)
     replaced.sampler = seedable
     return replaced, None, None
+
+
+def get_sampler(dataloader: DataLoader) -> Any:
+    """The sampler that orders ``dataloader``'s samples, through any batch samplers wrapped around it.
+
+    For a plain DataLoader it is Accelerate's answer (the batch sampler's ``sampler``); for a prepared loader
+    it is the sampler under the sharding batch sampler. None when there is none (an iterable dataset).
+    """
+    if isinstance(dataloader.sampler, BatchSampler):  # a batch sampler passed as sampler= (batch_size=None)
+        return getattr(dataloader.sampler, "sampler", None)
+    wrapper: Any = dataloader.batch_sampler
+    if wrapper is None and isinstance(dataloader.sampler, ShardedBatchSampler):
+        wrapper = dataloader.sampler  # a prepared loader over a batch sampler given as sampler=
+    while wrapper is not None and not hasattr(wrapper, "sampler") and hasattr(wrapper, "batch_sampler"):
+        wrapper = wrapper.batch_sampler  # ShardedBatchSampler, _SkipBatchSampler: look underneath
+    return getattr(wrapper, "sampler", None)

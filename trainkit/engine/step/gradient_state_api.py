@@ -14,6 +14,9 @@ class GradientStateAPI:
     """Micro-batches per optimizer step (set per Accelerator)."""
     plugin_options: dict[str, Any]
     """The ``GradientAccumulationPlugin`` fields given with other than their default values, ``num_steps`` aside."""
+    num_steps_given = True
+    """``plugin_kwargs`` names ``num_steps``: always under an Accelerator; for a ``GradientState()`` made before
+    any, only when its plugin gave one (Accelerate's reading)."""
     sync_with_dataloader = True
     """Always True: trainkit closes the accumulation window at the end of every prepared dataloader."""
     is_xla_gradients_synced = False
@@ -29,12 +32,15 @@ class GradientStateAPI:
         """Accelerate's view of the accumulation options: ``num_steps`` and the plugin's fields given with other than
         their defaults (e.g. ``sync_each_batch``), read by transformers' Trainer. A new dict at each read: change the
         accumulation through ``accelerator.gradient_accumulation_steps``."""
-        return {"num_steps": self.num_steps, **self.plugin_options}
+        return {**({"num_steps": self.num_steps} if self.num_steps_given else {}), **self.plugin_options}
 
     @property
     def adjust_scheduler(self) -> bool:
-        """True: prepared schedulers step with the optimizer steps accumulation lets through."""
-        return True
+        """False, as Accelerate's ``GradientState`` reports in every case: it reads the option from the plugin's
+        fields given with other than their default, so the plugin's default True never shows (and the explicit
+        False is False). Prepared schedulers step only on the optimizer steps accumulation lets through, in both
+        libraries; their step count is not advanced in between."""
+        return False
 
     @property
     def dataloader_references(self) -> list[Any]:

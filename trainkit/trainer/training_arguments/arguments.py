@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
 from trainkit.config.errors import ConfigError, check_choice, did_you_mean
@@ -20,7 +21,8 @@ from trainkit.engine import tracker_names
 from trainkit.trainer.training_arguments.checks import ProcessAttributes, check_transformers_fields
 from trainkit.trainer.training_arguments.fields import check_version_dependent_fields, unknown_field_hint
 from trainkit.trainer.training_arguments.setters import ArgumentSetters
-from trainkit.trainer.optim import check_optimizer_name, optimizer_names
+from trainkit.trainer import schedules
+from trainkit.trainer.optim import BUILT_WITH_TORCH, check_optimizer_name, optimizer_names
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +53,10 @@ class UnknownArgumentError(ConfigError, TypeError):
     """A keyword that TrainingArguments does not define (a TypeError too, like any unexpected keyword)."""
 
 
-def _scheduler_names() -> list[str]:
-    from transformers.trainer_utils import SchedulerType  # lazy: transformers is only needed once arguments exist
-
-    return [s.value for s in SchedulerType]
+def _named_choice(key: str, value: Any, common: Collection[str], every_name: Callable[[], list[str]]) -> str:
+    """``value`` (a string or an enum member) as one of ``every_name()``, in its canonical spelling."""
+    value = _enum_value(value)
+    return value if value in common else check_choice(key, value, every_name(), where=WHERE)
 
 
 @dataclass
@@ -164,7 +166,7 @@ class TrainingArguments(ProcessAttributes, ArgumentSetters):
     data_seed: int | None = field(default=None, metadata={"help": "Seed of the data shuffling (default: seed)."})
     use_cpu: bool = field(default=False, metadata={"help": "Run on CPU even when an accelerator is present."})
     local_rank: int = field(default=-1, metadata={"help": "Accepted for old launchers; the rank comes from the environment."})
-    accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, gradient_accumulation_kwargs, ...): a dict, a JSON file or an AcceleratorConfig; held as transformers' AcceleratorConfig."})
+    accelerator_config: dict | str | None = field(default=None, metadata={"help": "Engine data options (split_batches, even_batches, use_seedable_sampler, non_blocking, gradient_accumulation_kwargs, ...): a dict, a JSON file or an AcceleratorConfig; held as trainkit's AcceleratorConfig (transformers' fields)."})
     parallelism_config: Any = field(default=None, metadata={"help": "A ParallelismConfig (trainkit's or Accelerate's): data replicas x FSDP shards x tensor parallelism (docs/parallelism.md)."})
     ddp_find_unused_parameters: bool | None = field(default=None, metadata={"help": "DistributedDataParallel's find_unused_parameters."})
     ddp_bucket_cap_mb: int | None = field(default=None, metadata={"help": "DistributedDataParallel's bucket_cap_mb."})
@@ -236,8 +238,10 @@ class TrainingArguments(ProcessAttributes, ArgumentSetters):
         self.logging_strategy = check_choice("logging_strategy", _enum_value(self.logging_strategy), INTERVAL_STRATEGIES, where=WHERE)
         self.save_strategy = check_choice("save_strategy", _enum_value(self.save_strategy), SAVE_STRATEGIES, where=WHERE)
         self.hub_strategy = check_choice("hub_strategy", _enum_value(self.hub_strategy), HUB_STRATEGIES, where=WHERE)
-        self.lr_scheduler_type = check_choice("lr_scheduler_type", _enum_value(self.lr_scheduler_type), _scheduler_names(), where=WHERE)
-        self.optim = check_choice("optim", _enum_value(self.optim), optimizer_names(), where=WHERE)
+        # the everyday names are known without importing transformers; any other is checked against its list
+        self.lr_scheduler_type = _named_choice("lr_scheduler_type", self.lr_scheduler_type, schedules.BUILT_HERE,
+                                               schedules.scheduler_names)
+        self.optim = _named_choice("optim", self.optim, BUILT_WITH_TORCH, optimizer_names)
         self.log_level = check_choice("log_level", self.log_level, LOG_LEVELS, where=WHERE)
         self.log_level_replica = check_choice("log_level_replica", self.log_level_replica, LOG_LEVELS, where=WHERE)
         if isinstance(self.include_num_input_tokens_seen, bool):

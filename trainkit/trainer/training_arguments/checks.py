@@ -22,6 +22,7 @@ from typing import Any
 
 from trainkit.config.errors import ConfigError, check_choice
 from trainkit.config.checkpointing import training_arguments_fields as checkpointing_fields
+from trainkit.trainer.training_arguments.accelerator_config import ACCELERATOR_CONFIG_KEYS, ACCUMULATION_KEYS, AcceleratorConfig
 from trainkit.trainer.training_arguments.older_fields import apply_older_fields
 
 logger = logging.getLogger(__name__)
@@ -32,11 +33,6 @@ DDP_BACKENDS = ("nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl")
 DEFAULT_DDP_TIMEOUT_S = 1800  # transformers' default for ddp_timeout; left there, it counts as not set
 WORKER_START_METHODS = ("fork", "spawn", "forkserver")
 DEBUG_OPTIONS = ("underflow_overflow", "tpu_metrics_debug")
-# accelerator_config keys (transformers' AcceleratorConfig) that map onto the engine's DataLoaderConfiguration.
-DATALOADER_KEYS = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking")
-OTHER_ACCELERATOR_KEYS = ("gradient_accumulation_kwargs", "use_configured_state")
-# accelerator_config["gradient_accumulation_kwargs"]: Accelerate's GradientAccumulationPlugin fields.
-ACCUMULATION_KEYS = ("num_steps", "adjust_scheduler", "sync_with_dataloader", "sync_each_batch")
 
 
 def check_transformers_fields(args: Any) -> None:
@@ -352,12 +348,10 @@ def _apply_tf32(tf32: bool | None, use_cpu: bool) -> None:
     torch.backends.cudnn.allow_tf32 = bool(tf32)
 
 
-def _load_accelerator_config(value: Any) -> Any:
-    """accelerator_config (None, dict, an AcceleratorConfig, JSON string or JSON file) -> transformers'
-    ``AcceleratorConfig``, checked: the object transformers' TrainingArguments holds, so scripts that set
+def _load_accelerator_config(value: Any) -> AcceleratorConfig:
+    """accelerator_config (None, dict, an AcceleratorConfig of trainkit or transformers, JSON string or JSON file) ->
+    trainkit's ``AcceleratorConfig`` (transformers' fields), checked: scripts that set
     ``args.accelerator_config.dispatch_batches = False`` work, and the Trainer reads it when it is created."""
-    from transformers.trainer_pt_utils import AcceleratorConfig
-
     if value is None:
         value = {}
     if isinstance(value, type):  # the class itself, e.g. a dataclass field whose default is AcceleratorConfig
@@ -379,7 +373,7 @@ def _load_accelerator_config(value: Any) -> Any:
             raise ConfigError(f"accelerator_config={value!r} in {WHERE} is neither a JSON object nor an existing file.")
     config = dict(value)
     for key in config:
-        check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where=WHERE)
+        check_choice("accelerator_config key", key, ACCELERATOR_CONFIG_KEYS, where=WHERE)
     if config.get("use_configured_state"):
         from trainkit.engine import process_state_exists
 

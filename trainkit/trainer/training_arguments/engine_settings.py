@@ -140,11 +140,11 @@ def engine_options(args: TrainingArguments) -> dict[str, Any]:
 
 
 def _accelerator_config_dict(config: Any) -> dict[str, Any]:
-    """``args.accelerator_config`` (transformers' AcceleratorConfig, which a script may have changed since the
-    arguments were built) as a dict, checked again: an attribute set afterwards names a key too."""
-    from trainkit.trainer.training_arguments.checks import DATALOADER_KEYS, OTHER_ACCELERATOR_KEYS
+    """``args.accelerator_config`` (an AcceleratorConfig, which a script may have changed since the arguments were
+    built) as a dict, checked again: an attribute set afterwards names a key too."""
+    from trainkit.trainer.training_arguments.accelerator_config import ACCELERATOR_CONFIG_KEYS
 
     values = config.to_dict() if hasattr(config, "to_dict") else dict(config or {})
     for key in values:
-        check_choice("accelerator_config key", key, DATALOADER_KEYS + OTHER_ACCELERATOR_KEYS, where="TrainingArguments")
+        check_choice("accelerator_config key", key, ACCELERATOR_CONFIG_KEYS, where="TrainingArguments")
     return values
