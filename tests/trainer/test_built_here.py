@@ -29,7 +29,7 @@ from transformers.trainer_utils import seed_worker as transformers_seed_worker
 
 from tests.distributed import REPO, worker_env
 from trainkit import TrainingArguments
-from trainkit.trainer import data, loaders, memory, optim, schedules
+from trainkit.trainer import data, loaders, memory, optim, saving, schedules
 from trainkit.trainer.training_arguments.accelerator_config import AcceleratorConfig
 
 
@@ -60,7 +60,10 @@ def test_a_plain_module_run_does_not_import_transformers():
                                      use_cpu=True, report_to="none", disable_tqdm=True, save_strategy="no",
                                      optim=optim, lr_scheduler_type="cosine", warmup_steps=1,
                                      accelerator_config={"even_batches": True})
-            Trainer(model=Model(), args=args, train_dataset=Rows()).train()
+            trainer = Trainer(model=Model(), args=args, train_dataset=Rows(), eval_dataset=Rows())
+            trainer.train()
+            trainer.evaluate()
+            trainer.save_model()
         print("IMPORTED", sorted({name.split(".")[0] for name in sys.modules} & {"transformers", "datasets", "pandas"}))
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
@@ -189,3 +192,12 @@ def test_workers_are_seeded_as_transformers_seeds_them():
     transformers_seed_worker(0, num_workers=2, rank=3)
     theirs = _draws()
     assert ours[:2] == theirs[:2] and torch.equal(ours[2], theirs[2])
+
+
+def test_transformers_and_peft_models_are_told_from_plain_modules():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=16, n_positions=8))
+    assert saving.is_pretrained(model) and not saving.is_pretrained(nn.Linear(2, 2))
+    peft = pytest.importorskip("peft", reason="the PEFT case needs the optional peft package")
+    assert saving.is_pretrained(peft.get_peft_model(model, peft.LoraConfig(target_modules=["c_attn"], fan_in_fan_out=True)))

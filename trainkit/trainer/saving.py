@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from trainkit.engine import sharded_by_transformers
@@ -41,16 +42,15 @@ MAX_SHARD_SIZE = "10GB"
 
 
 def is_pretrained(model: Any) -> bool:
-    """A transformers ``PreTrainedModel`` or a PEFT model: saved through its own ``save_pretrained``."""
-    from transformers import PreTrainedModel
+    """A transformers ``PreTrainedModel`` or a PEFT model: saved through its own ``save_pretrained``.
 
-    if isinstance(model, PreTrainedModel):
+    Asked of the modules already imported: an instance of either class means its module was imported, so a plain
+    ``nn.Module`` run (which never imports transformers) is answered without importing it (~0.3 s)."""
+    modeling = sys.modules.get("transformers.modeling_utils")
+    if modeling is not None and isinstance(model, modeling.PreTrainedModel):
         return True
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
 
 
 def gathered_state_dict(accelerator: Any, model: nn.Module) -> dict[str, Any] | None:
