@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.cli.cli_helpers import trainkit
 from trainkit.engine.checkpoint import verify_checkpoint
 from tests.distributed import ENGINE_WORKERS
+
+pytestmark = pytest.mark.multiprocess
 
 WORKER = ENGINE_WORKERS / "preemption_loop.py"
 

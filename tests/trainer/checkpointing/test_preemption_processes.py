@@ -26,6 +26,8 @@ from trainkit.config.preemption import PREEMPTED_EXIT_CODE
 from trainkit.engine.checkpoint import list_checkpoints, verify_checkpoint
 from trainkit.trainer.checkpointing.preemption import MARKER_NAME
 
+pytestmark = pytest.mark.multiprocess
+
 WORKER = Path(__file__).resolve().parent / "preemption_worker.py"
 DEADLINE = 240.0
 EXIT_WITHIN = 45.0
