@@ -3,7 +3,7 @@
 transformers holds this field as ``transformers.trainer_pt_utils.AcceleratorConfig``. trainkit holds its own
 class with the same fields, defaults and methods (``to_dict``, ``pop``, ``from_json_file``), so that building the
 arguments of a plain ``nn.Module`` run does not import transformers (~0.3 s of start-up: its package scans the
-model folders). ``tests/trainer/test_accelerator_config.py`` compares the fields and defaults with the installed
+model folders). ``tests/trainer/test_built_here.py`` compares the fields, defaults and methods with the installed
 transformers' class, so a release that adds a key shows up there, not in a user's run.
 
 Loading (a dict, a JSON string or file, transformers' own instance) and checking the values is
