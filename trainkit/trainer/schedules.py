@@ -24,12 +24,12 @@ def _constant(_: int | None = None) -> int:
     return 1  # an int, as transformers' constant factor: the rate is base_lr * 1
 
 
-def _constant_with_warmup(step: int, *, num_warmup_steps: int) -> float:
-    return float(step) / float(max(1.0, num_warmup_steps)) if step < num_warmup_steps else 1.0
-
-
 def _warming_up(step: int, num_warmup_steps: int) -> float:
     return float(step) / float(max(1, num_warmup_steps))
+
+
+def _constant_with_warmup(step: int, *, num_warmup_steps: int) -> float:
+    return _warming_up(step, num_warmup_steps) if step < num_warmup_steps else 1.0
 
 
 def _linear(step: int, *, num_warmup_steps: int, num_training_steps: int) -> float:
